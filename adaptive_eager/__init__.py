@@ -1,0 +1,42 @@
+"""Adaptive eager for the simulated ``neuron`` PyTorch device.
+
+``import adaptive_eager`` registers the ``neuron`` device (``import torch`` alone does it
+too, through the ``torch.backends`` entry point) and gives the runtime's public API:
+
+- ``stats()``, ``reset_stats()``: the fusion-statistics dump (also written as JSON at
+  exit to ``NEURON_FUSION_STATS=<path>``);
+- ``synchronize()``: wait for the device, rethrow deferred errors;
+- ``NeuronRuntimeError``: what a deferred device error is raised as.
+"""
+from __future__ import annotations
+
+import os as _os
+
+# In a source checkout, device/ and fusion/ sit beside this folder; an install maps them
+# into this package (setup.cfg, package_dir). Make the checkout layout importable too.
+_here = _os.path.dirname(_os.path.abspath(__file__))
+if not _os.path.isdir(_os.path.join(_here, "device")):
+    _root = _os.path.dirname(_here)
+    if _os.path.isfile(_os.path.join(_root, "device", "__init__.py")):
+        __path__.append(_root)  # noqa: F821
+
+# torch first: `import torch` itself autoloads this package's entry point
+# (device.backend.register), which must find torch fully imported, not half-way.
+import torch  # noqa: E402,F401
+
+from .device import NeuronRuntimeError, PoisonedTensorError  # noqa: E402
+from .device.location import add_internal_dir as _add_internal_dir  # noqa: E402
+from .device.sync import synchronize as _synchronize  # noqa: E402
+from .stats import install_exit_dump as _install_exit_dump  # noqa: E402
+from .stats import reset_stats, stats  # noqa: E402
+
+_add_internal_dir(_here)
+_install_exit_dump()
+
+
+def synchronize() -> None:
+    """Wait for every kernel issued so far; rethrow the earliest deferred error."""
+    _synchronize("synchronize")
+
+
+__all__ = ["NeuronRuntimeError", "PoisonedTensorError", "reset_stats", "stats", "synchronize"]

@@ -1,0 +1,211 @@
+"""``torch.neuron``: the device module, mirroring the ``torch.cuda`` names that apply.
+
+Registered as ``torch.neuron`` by ``device.backend.register``. One simulated device,
+index 0. Every function here that reads device state is a sync point where CUDA's is.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from . import random as _random
+from .config import CONFIG
+from .cost_model import PROFILE
+from .storage import MEMORY
+from .sync import synchronize as _synchronize
+
+# -- device ------------------------------------------------------------------------------
+
+
+def is_available() -> bool:
+    return True
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def _lazy_init() -> None:
+    pass
+
+
+def device_count() -> int:
+    return 1
+
+
+def current_device() -> int:
+    return 0
+
+
+def _check_index(device) -> int:
+    if device is None:
+        return 0
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "neuron":
+            raise ValueError(f"Expected a neuron device, but got: {device}")
+        index = 0 if device.index is None else device.index
+    else:
+        index = int(device)
+    if index != 0:
+        raise RuntimeError(f"Invalid device index {index}: the simulated neuron device count is 1")
+    return index
+
+
+def set_device(device) -> None:
+    _check_index(device)
+
+
+@contextlib.contextmanager
+def device(device):
+    _check_index(device)
+    yield
+
+
+def get_device_name(device=None) -> str:
+    _check_index(device)
+    return PROFILE.name
+
+
+def get_device_properties(device=None):
+    _check_index(device)
+    return PROFILE
+
+
+def get_device_capability(device=None):
+    _check_index(device)
+    return (2, 0)
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
+def get_amp_supported_dtype():
+    return [torch.bfloat16, torch.float16]
+
+
+def synchronize(device=None) -> None:
+    """Wait for every kernel issued so far; rethrow the earliest deferred error."""
+    _check_index(device)
+    _synchronize("synchronize")
+
+
+# -- random ------------------------------------------------------------------------------
+
+
+def manual_seed(seed: int) -> None:
+    _random.manual_seed(seed)
+
+
+def manual_seed_all(seed: int) -> None:
+    _random.manual_seed(seed)
+
+
+def seed() -> None:
+    _random.seed()
+
+
+def seed_all() -> None:
+    _random.seed()
+
+
+def initial_seed() -> int:
+    return _random.initial_seed()
+
+
+def get_rng_state(device="neuron") -> torch.Tensor:
+    _check_index(device)
+    return _random.get_rng_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device="neuron") -> None:
+    _check_index(device)
+    _random.set_rng_state(new_state)
+
+
+def get_rng_state_all() -> list:
+    return [_random.get_rng_state()]
+
+
+def set_rng_state_all(new_states) -> None:
+    _random.set_rng_state(new_states[0])
+
+
+# -- memory ------------------------------------------------------------------------------
+
+
+def memory_allocated(device=None) -> int:
+    _check_index(device)
+    return MEMORY.allocated
+
+
+def max_memory_allocated(device=None) -> int:
+    _check_index(device)
+    return MEMORY.peak
+
+
+def memory_reserved(device=None) -> int:
+    _check_index(device)
+    return MEMORY.reserved
+
+
+def max_memory_reserved(device=None) -> int:
+    _check_index(device)
+    return max(MEMORY.reserved, MEMORY.peak)
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    _check_index(device)
+    MEMORY.peak = MEMORY.allocated
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    reset_peak_memory_stats(device)
+
+
+def empty_cache() -> None:
+    """Return cached, unused blocks: reserved memory falls to what is allocated."""
+    MEMORY.reserved = MEMORY.allocated
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    _check_index(device)
+    return CONFIG.hbm_bytes - MEMORY.reserved, CONFIG.hbm_bytes
+
+
+def memory_stats(device=None) -> dict:
+    _check_index(device)
+    return {
+        "allocated_bytes.all.current": MEMORY.allocated,
+        "allocated_bytes.all.peak": MEMORY.peak,
+        "reserved_bytes.all.current": MEMORY.reserved,
+        "allocation.all.allocated": MEMORY.allocations,
+        "allocation.all.freed": MEMORY.frees,
+        "allocation.all.current": MEMORY.live_blocks,
+        "num_ooms": MEMORY.ooms,
+        "capacity_bytes": CONFIG.hbm_bytes,
+    }
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    stats = memory_stats(device)
+    mib = 1 << 20
+    lines = [
+        "neuron:0 memory summary (simulated HBM)",
+        f"  capacity:         {stats['capacity_bytes'] / mib:12.1f} MiB",
+        f"  allocated:        {stats['allocated_bytes.all.current'] / mib:12.1f} MiB"
+        f" in {stats['allocation.all.current']} blocks",
+        f"  peak allocated:   {stats['allocated_bytes.all.peak'] / mib:12.1f} MiB",
+        f"  reserved:         {stats['reserved_bytes.all.current'] / mib:12.1f} MiB",
+        f"  allocations:      {stats['allocation.all.allocated']:12d}",
+        f"  frees:            {stats['allocation.all.freed']:12d}",
+        f"  out-of-memory:    {stats['num_ooms']:12d}",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,92 @@
+"""Registering ``neuron`` with PyTorch through the PrivateUse1 extension point.
+
+Entry point: :func:`register` (idempotent). It runs on ``import torch`` through the
+``torch.backends`` entry point (PyTorch's autoload convention), or on
+``import adaptive_eager``. It:
+
+1. renames PrivateUse1 to ``neuron`` and installs ``torch.neuron`` (``device/api.py``),
+   device hooks and a device guard, so ``torch.device('neuron')``, ``t.neuron()``,
+   ``module.to('neuron')`` and ``torch.accelerator`` work;
+2. registers a boxed fallback at the PrivateUse1 key: it receives what has no neuron
+   tensor argument yet names the device (factories: ``torch.zeros(..., device='neuron')``)
+   and sends it to the dispatcher, like every op on a ``NeuronTensor``;
+3. registers mixed precision for ``torch.autocast('neuron')`` (``device/autocast.py``);
+4. makes ``torch.accelerator.synchronize()`` a device sync point (PyTorch's Python device
+   guard cannot synchronize).
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+
+import torch
+from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+from . import api
+from .autocast import register_autocast
+
+_STATE = {"registered": False, "libraries": []}
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+    def is_available(self) -> bool:
+        return True
+
+    def has_primary_context(self, device_index) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class _DeviceGuard(torch._C._acc.DeviceGuard):
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def _boxed_fallback(op, *args, **kwargs):
+    from .dispatch import dispatch
+
+    return dispatch(op, args, kwargs)
+
+
+def _patch_accelerator_synchronize() -> None:
+    original = torch.accelerator.synchronize
+    if getattr(original, "_neuron_patched", False):
+        return
+
+    @functools.wraps(original)
+    def synchronize(device=None):
+        accelerator = torch.accelerator.current_accelerator()
+        if accelerator is not None and accelerator.type == "neuron":
+            return api.synchronize(device)
+        return original(device)
+
+    synchronize._neuron_patched = True
+    torch.accelerator.synchronize = synchronize
+
+
+def register() -> None:
+    """Make ``neuron`` a PyTorch device. Safe to call more than once."""
+    if _STATE["registered"]:
+        return
+    name = torch._C._get_privateuse1_backend_name()
+    if name not in ("privateuseone", "neuron"):
+        raise RuntimeError(
+            f"PrivateUse1 is already registered as {name!r}; one process can hold only one "
+            "out-of-tree PrivateUse1 device, so 'neuron' cannot be registered."
+        )
+    if name == "privateuseone":
+        _setup_privateuseone_for_python_backend(
+            "neuron", backend_module=api, hook=_Hooks(), device_guard=_DeviceGuard()
+        )
+    library = torch.library.Library("_", "IMPL")
+    library.fallback(_boxed_fallback, dispatch_key="PrivateUse1")
+    _STATE["libraries"].append(library)
+    register_autocast()
+    _patch_accelerator_synchronize()
+    from .tensor import NeuronTensor  # noqa: F401  (imports the dispatcher)
+    from .queue import QUEUE
+
+    atexit.register(QUEUE.drain)
+    _STATE["registered"] = True

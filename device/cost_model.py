@@ -1,0 +1,115 @@
+"""Simulated device time of a kernel: launch overhead plus a roofline.
+
+Entry points: :class:`DeviceProfile` (the chip's figures), :data:`PROFILE` (the live
+one) and :func:`op_cost` (bytes, FLOPs and time of one aten op, from its meta tensors).
+
+    time_us = launch_overhead_us + max(bytes_moved / hbm_bandwidth, flops / peak(dtype))
+
+Bytes are what the kernel reads and writes in device memory: every tensor argument and
+every output, ``numel * itemsize`` each (a fused kernel counts only what crosses its
+boundary). FLOPs of matmul, conv and attention come from ``torch.utils.flop_counter``'s
+formulas; every other op counts one FLOP per element of its largest tensor.
+
+The result is deterministic: it depends on shapes and dtypes only, never on the host.
+This is what makes the two things fusion saves, launches and memory traffic, visible.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from .config import env_float
+
+
+@dataclasses.dataclass
+class DeviceProfile:
+    """One Trainium2 chip, from AWS's published figures.
+
+    ``launch_overhead_us`` is an **assumption**, not a published figure: the fixed cost of
+    one kernel launch through the runtime (descriptor set-up, queue doorbell, completion
+    semaphore). CUDA's launch latency is about 5 us; the Neuron runtime's per-execution
+    overhead is larger, in the tens of microseconds. We take 10 us, between the two, so that
+    launch-bound workloads (decode, optimizer steps) look launch-bound, as they do on real
+    accelerators. Set ``NEURON_SIM_LAUNCH_US`` to try another value.
+    """
+
+    name: str = "trainium2 (one chip, simulated)"
+    hbm_bytes: int = 96 * (1 << 30)
+    hbm_bandwidth_bytes_per_s: float = 2.9e12
+    peak_bf16_flops: float = 667e12  # dense BF16/FP16
+    peak_fp32_flops: float = 667e12 / 4
+    launch_overhead_us: float = dataclasses.field(
+        default_factory=lambda: env_float("NEURON_SIM_LAUNCH_US", 10.0)
+    )
+    # Inter-chip link for collectives: NeuronLink inside a node (assumed 100 GB/s per
+    # direction per link for the simulation).
+    link_bandwidth_bytes_per_s: float = 100e9
+
+    def peak_flops(self, dtype: torch.dtype) -> float:
+        if dtype in (torch.bfloat16, torch.float16):
+            return self.peak_bf16_flops
+        return self.peak_fp32_flops
+
+    def kernel_time_us(self, nbytes: int, flops: float, dtype: torch.dtype) -> float:
+        memory_us = nbytes / self.hbm_bandwidth_bytes_per_s * 1e6
+        compute_us = flops / self.peak_flops(dtype) * 1e6
+        return self.launch_overhead_us + max(memory_us, compute_us)
+
+
+PROFILE = DeviceProfile()
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _tensors(values):
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            yield from _tensors(v)
+
+
+def _attention_flops(args, kwargs) -> int:
+    q, k = args[0], args[1]
+    *batch, s_q, d = q.shape
+    s_k = k.shape[-2]
+    return 4 * math.prod(batch) * s_q * s_k * d
+
+
+_ATTENTION_OPS = {
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
+    "aten::_scaled_dot_product_attention_math",
+}
+
+
+def op_flops(op, args, kwargs, outputs) -> float:
+    from torch.utils.flop_counter import flop_registry
+
+    formula = flop_registry.get(op.overloadpacket)
+    if formula is not None:
+        try:
+            return float(formula(*args, out_val=outputs, **kwargs))
+        except Exception:  # a formula that does not cover this overload
+            pass
+    if op.name() in _ATTENTION_OPS:
+        return float(_attention_flops(args, kwargs))
+    largest = 0
+    for t in _tensors(list(args) + list(kwargs.values()) + list(outputs)):
+        largest = max(largest, t.numel())
+    return float(largest)
+
+
+def op_cost(op, args, kwargs, outputs, mutated=()) -> tuple[int, float, float]:
+    """(bytes, flops, time_us) of one op on meta tensors. ``mutated`` inputs count twice."""
+    nbytes = sum(tensor_bytes(t) for t in _tensors(list(args) + list(kwargs.values())))
+    nbytes += sum(tensor_bytes(t) for t in _tensors(outputs))
+    nbytes += sum(tensor_bytes(t) for t in mutated)
+    flops = op_flops(op, args, kwargs, outputs)
+    dtype = next((t.dtype for t in _tensors(outputs)), None)
+    if dtype is None:
+        dtype = next((t.dtype for t in _tensors(args)), torch.float32)
+    return nbytes, flops, PROFILE.kernel_time_us(nbytes, flops, dtype)

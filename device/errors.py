@@ -1,0 +1,152 @@
+"""Deferred device errors: the first kernel failure, kept until the next sync point.
+
+Entry points: :class:`NeuronRuntimeError` (what users catch), :class:`KernelFailure`
+(one recorded failure with its context) and :class:`FailureState` (the queue's record of
+the earliest failure not yet raised).
+
+The contract (docs/ARCHITECTURE.md, "Errors"): a failing kernel is recorded, not raised.
+Only the earliest failure is kept; later ones are counted. The next sync point raises it
+as :class:`NeuronRuntimeError` and clears it. Outputs of the failed kernel, and of every
+kernel that read a poisoned buffer afterwards, are poisoned: reading one raises an error
+naming the original failure.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+LAUNCH_BLOCKING_HINT = (
+    "Errors on the neuron device are reported at the next synchronization point, so the "
+    "Python traceback may point past the faulty op. Set NEURON_LAUNCH_BLOCKING=1 to raise "
+    "at the faulty op."
+)
+
+_DTYPE_ABBREVIATIONS = {
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.int16: "i16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.bool: "b8",
+    torch.complex64: "c64",
+}
+
+
+def describe_value(value) -> str:
+    """``f32[2, 4]`` for tensors, lists of those, ``repr`` for the rest."""
+    if isinstance(value, torch.Tensor):
+        dtype = _DTYPE_ABBREVIATIONS.get(value.dtype, str(value.dtype).replace("torch.", ""))
+        return f"{dtype}[{', '.join(str(s) for s in value.shape)}]"
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(describe_value(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype)):
+        return repr(value)
+    return type(value).__name__
+
+
+def describe_call(op_name: str, args, kwargs) -> str:
+    parts = [describe_value(a) for a in args]
+    parts += [f"{k}={describe_value(v)}" for k, v in (kwargs or {}).items()]
+    return f"{op_name}({', '.join(parts)})"
+
+
+class KernelFailure:
+    """One kernel that failed on the queue, with the context captured at issue time."""
+
+    __slots__ = ("op_name", "call", "location", "kernel_name", "original", "sequence")
+
+    def __init__(self, op_name, call, location, kernel_name, original, sequence) -> None:
+        self.op_name = op_name  # "aten::embedding"
+        self.call = call  # "aten::embedding(f32[10, 4], i64[2, 3])"
+        self.location = location  # SourceLocation of the user's line
+        self.kernel_name = kernel_name  # fused kernel name, or None for a single op
+        self.original = original  # the exception the kernel raised
+        self.sequence = sequence  # launch number on the queue
+
+    def summary(self) -> str:
+        inside = f" inside fused kernel '{self.kernel_name}'" if self.kernel_name else ""
+        return f"{self.op_name}{inside}, issued at {self.location}"
+
+    def message(self) -> str:
+        original = f"{type(self.original).__name__}: {self.original}"
+        lines = [
+            f"neuron kernel failed: {self.op_name}"
+            + (f" (inside fused kernel '{self.kernel_name}')" if self.kernel_name else ""),
+            f"  issued at: {self.location}",
+            f"  call: {self.call}",
+            f"  error: {original}",
+        ]
+        stack = getattr(self.location, "stack", None)
+        if stack:
+            lines.append("  issued from (most recent call last):")
+            lines += ["    " + line.rstrip() for line in _format_stack(stack)]
+        lines.append(LAUNCH_BLOCKING_HINT)
+        return "\n".join(lines)
+
+
+def _format_stack(stack):
+    import traceback
+
+    return "".join(traceback.format_list(stack)).splitlines()
+
+
+class NeuronRuntimeError(RuntimeError):
+    """A device-side failure, raised at the sync point after it happened.
+
+    ``failure`` holds the :class:`KernelFailure`; ``op_name`` and ``location`` name the
+    faulty op and the user's line that issued it.
+    """
+
+    def __init__(self, message: str, failure: KernelFailure | None = None) -> None:
+        super().__init__(message)
+        self.failure = failure
+
+    @property
+    def op_name(self):
+        return self.failure.op_name if self.failure else None
+
+    @property
+    def location(self):
+        return self.failure.location if self.failure else None
+
+
+class PoisonedTensorError(NeuronRuntimeError):
+    """Reading a tensor whose producing kernel failed or was skipped after a failure."""
+
+
+def poisoned_read_error(failure: KernelFailure) -> PoisonedTensorError:
+    return PoisonedTensorError(
+        "this neuron tensor holds no valid data: it was produced by a kernel that failed, "
+        f"or that was skipped because it read the output of one. The original failure: "
+        f"{failure.summary()}: {type(failure.original).__name__}: {failure.original}",
+        failure,
+    )
+
+
+class FailureState:
+    """The earliest kernel failure not yet raised, and a count of later ones."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.first: KernelFailure | None = None
+        self.later = 0
+
+    def record(self, failure: KernelFailure) -> None:
+        with self._lock:
+            if self.first is None:
+                self.first = failure
+            else:
+                self.later += 1
+
+    def take(self) -> KernelFailure | None:
+        """Return and clear the earliest failure (None when there is none)."""
+        with self._lock:
+            failure, self.first = self.first, None
+            self.later = 0
+            return failure

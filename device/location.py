@@ -1,0 +1,81 @@
+"""Where in the user's code an op was issued, captured cheaply on every op.
+
+Entry point: :func:`capture_location`. It walks frames outwards to the first one whose
+file is not part of torch, this project or a few stdlib wrappers, and returns a small
+:class:`SourceLocation`. Whether a code object is internal is cached per code object, so
+the walk costs a few dict lookups. Ops issued by the autograd engine have no user frame;
+they are located by the backward node that issued them (``MulBackward0``).
+
+With ``NEURON_FULL_STACK=1`` the whole user stack is kept as well (slow; for debugging).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+import traceback
+
+import torch
+
+from .config import CONFIG
+
+_INTERNAL_DIRS: list[str] = [
+    os.path.dirname(torch.__file__) + os.sep,
+    os.path.dirname(os.path.abspath(__file__)) + os.sep,
+]
+_INTERNAL_FILES = {contextlib.__file__, functools.__file__}
+_INTERNAL_CODE: dict = {}
+
+
+def add_internal_dir(path: str) -> None:
+    """Frames from files under ``path`` are never reported as the user's line."""
+    path = os.path.dirname(os.path.abspath(path)) + os.sep if os.path.isfile(path) else path
+    if not path.endswith(os.sep):
+        path += os.sep
+    if path not in _INTERNAL_DIRS:
+        _INTERNAL_DIRS.append(path)
+        _INTERNAL_CODE.clear()
+
+
+def _is_internal(filename: str) -> bool:
+    if filename in _INTERNAL_FILES or filename.startswith("<frozen"):
+        return True
+    return filename.startswith(tuple(_INTERNAL_DIRS))
+
+
+class SourceLocation:
+    """The user's frame that issued an op: ``file:line in function``."""
+
+    __slots__ = ("filename", "lineno", "function", "stack")
+
+    def __init__(self, filename: str, lineno: int, function: str, stack=None) -> None:
+        self.filename = filename
+        self.lineno = lineno
+        self.function = function
+        self.stack = stack
+
+    def __str__(self) -> str:
+        if self.lineno == 0:
+            return self.filename
+        return f"{self.filename}:{self.lineno} in {self.function}"
+
+    __repr__ = __str__
+
+
+def capture_location(depth: int = 2) -> SourceLocation:
+    frame = sys._getframe(depth)
+    cache = _INTERNAL_CODE
+    while frame is not None:
+        code = frame.f_code
+        internal = cache.get(code)
+        if internal is None:
+            internal = cache[code] = _is_internal(code.co_filename)
+        if not internal:
+            stack = traceback.extract_stack(frame) if CONFIG.full_stack else None
+            return SourceLocation(code.co_filename, frame.f_lineno, code.co_name, stack)
+        frame = frame.f_back
+    node = torch._C._current_autograd_node()
+    if node is not None:
+        return SourceLocation(f"<autograd backward: {node.name()}>", 0, "")
+    return SourceLocation("<unknown>", 0, "")

@@ -1,0 +1,49 @@
+"""Counters of the device layer: what reached the device and what the queue ran.
+
+Entry point: :data:`COUNTERS`. Each field has one writer: host-side fields are written
+by the thread issuing ops, queue-side fields by the device worker. The adaptive runtime
+keeps its own counters and merges both into the statistics contract
+(``adaptive_eager.stats()``).
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+
+class DeviceCounters:
+    __slots__ = (
+        # host side
+        "ops_recorded",  # aten ops that reached the device, views excluded
+        "view_ops",  # metadata-only ops, run on the host, no launch
+        "kernels_launched",  # launches submitted to the execution queue
+        "fallback_ops",  # Counter: aten::name -> runs on the CPU fallback
+        "sync_points",  # Counter: reason -> host waits for the queue
+        "launches_by_stream",  # Counter: stream id -> launches
+        # queue side
+        "kernels_executed",
+        "bytes_moved",
+        "device_time_us",
+        "errors_deferred",  # kernel failures recorded on the queue
+        "errors_raised",  # NeuronRuntimeErrors raised at sync points
+        "kernels_skipped",  # kernels not run because an input was poisoned
+    )
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.ops_recorded = 0
+        self.view_ops = 0
+        self.kernels_launched = 0
+        self.fallback_ops = Counter()
+        self.sync_points = Counter()
+        self.launches_by_stream = Counter()
+        self.kernels_executed = 0
+        self.bytes_moved = 0
+        self.device_time_us = 0.0
+        self.errors_deferred = 0
+        self.errors_raised = 0
+        self.kernels_skipped = 0
+
+
+COUNTERS = DeviceCounters()

@@ -1,0 +1,107 @@
+"""How the device handles each aten op, decided once per overload from its schema and tags.
+
+Entry point: :func:`op_entry` returns the cached :class:`OpEntry` of an ``OpOverload``.
+
+Kinds (plain strings, compared by identity on the hot path):
+
+- ``VIEW``: returns an alias of an input; metadata only, runs on the host, no launch.
+- ``METADATA``: mutates an input's metadata in place (``t_``, ``resize_``, ``set_``).
+- ``KERNEL``: computes on device memory; one launch (strict) or one window entry
+  (adaptive). Covers functional, in-place and ``out=`` ops and factories.
+- ``COPY``: ``copy_`` and ``_to_copy``, which may cross between host and device.
+- ``HOST_READ``: returns a host value read from device memory (``item``, ``equal``):
+  a sync point.
+- ``DATA_DEPENDENT``: output shape depends on the data (``nonzero``, ``unique``): a sync
+  point, then the op runs as one blocking launch.
+"""
+from __future__ import annotations
+
+import torch
+
+VIEW = "view"
+METADATA = "metadata"
+KERNEL = "kernel"
+COPY = "copy"
+HOST_READ = "host_read"
+DATA_DEPENDENT = "data_dependent"
+
+aten = torch.ops.aten
+
+_COPY_OPS = {aten.copy_.default, aten._to_copy.default, aten._copy_from.default, aten._copy_from_and_resize.default}
+# Host reads the schema does not tag as data-dependent.
+_HOST_READS = {aten.is_nonzero.default, aten._local_scalar_dense.default}
+# Ops ATen implements by reading data on the host although their output shape is fixed.
+_DATA_DEPENDENT = {
+    aten.histc.default,  # the CPU kernel reads min/max to choose bins when min == max
+}
+
+
+class OpEntry:
+    """What the dispatcher needs to know about one overload, computed once."""
+
+    __slots__ = ("op", "kind", "name", "mutated", "return_alias", "generator_arg", "seeded", "scalar_values_matter")
+
+    def __init__(self, op) -> None:
+        schema = op._schema
+        tags = op.tags
+        self.op = op
+        self.name = schema.name  # "aten::add"
+        self.mutated = tuple(
+            (index, argument.name)
+            for index, argument in enumerate(schema.arguments)
+            if argument.alias_info is not None and argument.alias_info.is_write
+        )
+        # For each return: None when it is a fresh tensor, else the (index, name) of the
+        # mutated argument it returns (``add_`` returns self, ``add.out`` returns out).
+        self.return_alias = tuple(
+            _aliased_argument(schema, r.alias_info) if r.alias_info is not None else None
+            for r in schema.returns
+        )
+        self.generator_arg = next(
+            (argument.name for argument in schema.arguments if argument.name == "generator"), None
+        )
+        self.seeded = torch.Tag.nondeterministic_seeded in tags
+        # Whether float arguments can change output metadata (arange's end, interpolate's
+        # scale). Not for pointwise ops, foreach/fused optimizer ops, or ops that return
+        # only their mutated inputs: their cache key holds a float's type, not its value,
+        # so a learning-rate schedule does not defeat the caches.
+        base_name = self.name.split("::")[-1]
+        only_mutates = bool(self.return_alias) and all(alias is not None for alias in self.return_alias)
+        self.scalar_values_matter = not (
+            torch.Tag.pointwise in tags
+            or base_name.startswith(("_foreach_", "_fused_"))
+            or only_mutates
+            or (not schema.returns and self.mutated)
+        )
+        if op in _COPY_OPS:
+            self.kind = COPY
+        elif op.is_view:
+            self.kind = VIEW
+        elif torch.Tag.inplace_view in tags:
+            self.kind = METADATA
+        elif torch.Tag.dynamic_output_shape in tags or op in _DATA_DEPENDENT:
+            self.kind = DATA_DEPENDENT
+        elif torch.Tag.data_dependent_output in tags or op in _HOST_READS:
+            self.kind = HOST_READ
+        else:
+            self.kind = KERNEL
+
+    def __repr__(self) -> str:
+        return f"OpEntry({self.name}, {self.kind})"
+
+
+def _aliased_argument(schema, alias_info):
+    for index, argument in enumerate(schema.arguments):
+        if argument.alias_info is not None and argument.alias_info.before_set & alias_info.before_set:
+            return (index, argument.name)
+    return None
+
+
+_ENTRIES: dict = {}
+
+
+def op_entry(op) -> OpEntry:
+    entry = _ENTRIES.get(op)
+    if entry is None:
+        entry = _ENTRIES[op] = OpEntry(op)
+    return entry

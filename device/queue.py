@@ -1,0 +1,179 @@
+"""The single hardware execution queue, drained in order by one device worker thread.
+
+Entry points: :data:`QUEUE` (the device's queue) and :class:`ExecutionQueue`.
+
+Every stream maps onto this one FIFO, as on TorchNeuron: order is always kept, and no
+stream gets an engine of its own. An item on the queue is anything with a
+``launch(queue)`` method: an ``OpRecord`` (one strict-eager kernel), a fused kernel, a
+fence (what ``synchronize`` waits on) or an event marker.
+
+Items call back into the queue to report what happened:
+
+- ``account(name, bytes, time_us, stream)``: a kernel ran; advance the simulated clock;
+- ``fail(failure, written)``: a kernel raised; keep the earliest failure for the next
+  sync point and poison what the kernel was to write;
+- ``skip(written, failure)``: a kernel read a poisoned buffer and did not run.
+
+The host waits with :meth:`ExecutionQueue.wait`, which rethrows the earliest failure as
+``NeuronRuntimeError`` and clears it, so the device is usable again afterwards.
+"""
+from __future__ import annotations
+
+import os
+import queue as _queue
+import threading
+import time
+
+from .errors import FailureState, KernelFailure, NeuronRuntimeError
+from .metrics import COUNTERS
+
+
+class Fence:
+    """A queue item that only signals that everything before it has run."""
+
+    __slots__ = ("event",)
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def launch(self, queue) -> None:
+        self.event.set()
+
+
+class FaultInjector:
+    """Make the n-th kernel running a given op fail, for tests (``NEURON_SIM_FAULT``)."""
+
+    def __init__(self, spec: str = "") -> None:
+        self.targets: dict[str, set[int]] = {}
+        self.seen: dict[str, int] = {}
+        for item in filter(None, (part.strip() for part in spec.split(","))):
+            name, _, nth = item.rpartition(":")
+            if not name or not nth.isdigit():
+                raise ValueError(f"NEURON_SIM_FAULT entry {item!r} is not 'aten::op:n'")
+            self.add(name, int(nth))
+
+    def add(self, op_name: str, nth: int) -> None:
+        if "::" not in op_name:
+            op_name = "aten::" + op_name
+        self.targets.setdefault(op_name, set()).add(nth)
+
+    def check(self, op_name: str) -> None:
+        targets = self.targets.get(op_name)
+        if targets is None:
+            return
+        count = self.seen[op_name] = self.seen.get(op_name, 0) + 1
+        if count in targets:
+            raise RuntimeError(f"injected fault: {op_name} kernel #{count} failed (NEURON_SIM_FAULT)")
+
+
+class ExecutionQueue:
+    def __init__(self) -> None:
+        self._items: _queue.SimpleQueue = _queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self.submitted = 0  # items put on the queue (host side)
+        self.completed = 0  # items the worker finished (device side)
+        self.failures = FailureState()
+        self.poison_seen = False  # a storage was ever poisoned: kernels check their inputs
+        spec = os.environ.get("NEURON_SIM_FAULT", "")
+        self.faults: FaultInjector | None = FaultInjector(spec) if spec else None
+        self.clock_us = 0.0  # simulated device time, advanced by each kernel in order
+        self.kernel_totals: dict[str, list] = {}  # kernel name -> [launches, simulated us]
+        self.trace = None  # a device.trace.TraceRecorder while tracing
+        self.last_on_stream: dict[int, int] = {}  # stream id -> sequence of its last item
+
+    # -- host side -------------------------------------------------------------------
+    def submit(self, item, stream_id: int = 0) -> int:
+        if self._worker is None:
+            self._start()
+        self.submitted += 1
+        sequence = self.submitted
+        self.last_on_stream[stream_id] = sequence
+        self._items.put(item)
+        return sequence
+
+    def depth(self) -> int:
+        """Items submitted and not yet run: how far the host is ahead of the device."""
+        return self.submitted - self.completed
+
+    def drain(self) -> None:
+        """Wait until everything submitted so far has run. Raises nothing."""
+        if self.completed >= self.submitted:
+            return
+        fence = Fence()
+        self.submit(fence)
+        fence.event.wait()
+
+    def wait(self) -> None:
+        """Drain, then rethrow the earliest deferred failure, if any, and clear it."""
+        self.drain()
+        self.raise_pending()
+
+    def raise_pending(self) -> None:
+        if self.failures.first is None:
+            return
+        failure = self.failures.take()
+        if failure is not None:
+            COUNTERS.errors_raised += 1
+            raise NeuronRuntimeError(failure.message(), failure)
+
+    def is_complete(self, sequence: int) -> bool:
+        return self.completed >= sequence
+
+    # -- device side -----------------------------------------------------------------
+    def account(self, name: str, nbytes: int, time_us: float, stream) -> None:
+        counters = COUNTERS
+        counters.kernels_executed += 1
+        counters.bytes_moved += nbytes
+        counters.device_time_us += time_us
+        start = self.clock_us
+        self.clock_us = start + time_us
+        totals = self.kernel_totals.get(name)
+        if totals is None:
+            self.kernel_totals[name] = [1, time_us]
+        else:
+            totals[0] += 1
+            totals[1] += time_us
+        if self.trace is not None:
+            self.trace.kernel(name, start, time_us, stream, self.completed + 1)
+
+    def fail(self, failure: KernelFailure, written) -> None:
+        self.poison_seen = True
+        for storage in written:
+            storage.poison = failure
+        COUNTERS.errors_deferred += 1
+        self.failures.record(failure)
+
+    def skip(self, written, failure: KernelFailure) -> None:
+        for storage in written:
+            storage.poison = failure
+        COUNTERS.kernels_skipped += 1
+
+    def _start(self) -> None:
+        with self._start_lock:
+            if self._worker is None:
+                worker = threading.Thread(target=self._run, name="neuron-device-worker", daemon=True)
+                worker.start()
+                self._worker = worker
+
+    def _run(self) -> None:
+        get = self._items.get
+        while True:
+            item = get()
+            if self.trace is not None:
+                started = time.perf_counter()
+                item.launch(self)
+                self.trace.real_duration(started, time.perf_counter())
+            else:
+                item.launch(self)
+            self.completed += 1
+
+    def reset_after_fork(self) -> None:
+        self.__init__()
+
+
+QUEUE = ExecutionQueue()
+
+if hasattr(os, "register_at_fork"):
+    # A forked child has no worker thread: give it a fresh, empty queue of its own.
+    os.register_at_fork(after_in_child=QUEUE.reset_after_fork)

@@ -1,0 +1,125 @@
+"""Output metadata of an op without running it: shape inference on ``meta``, cached.
+
+Entry points: :func:`infer` (run the op on meta tensors) and :data:`SHAPE_CACHE` (an
+LRU keyed by the op and its arguments' metadata, built by the dispatcher).
+
+Running an op on meta tensors costs ~100-200 us here, far more than everything else the
+host does per op, so it runs once per op signature: the cached :class:`Inference` holds
+the outputs' shapes, strides and dtypes and the op's cost from the cost model.
+
+An op without a meta kernel cannot be queued (its output shape is unknown until it
+runs): :data:`NO_META` marks it, and the dispatcher runs it through the CPU fallback. A
+meta kernel that rejects the arguments does not decide alone: the dispatcher runs the op
+on the CPU, so the user sees exactly the error the CPU gives, or the result if the meta
+kernel was wrong.
+"""
+from __future__ import annotations
+
+import cachetools
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from . import cost_model
+from .storage import storage_nbytes
+
+SHAPE_CACHE: cachetools.LRUCache = cachetools.LRUCache(maxsize=16384)
+
+NO_META = "no-meta"  # cached: this signature has no meta kernel
+
+
+class MetaRejected(Exception):
+    """The meta kernel raised for these arguments; ``error`` is what it raised."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class OutputSpec:
+    """Metadata of one fresh output tensor."""
+
+    __slots__ = ("shape", "stride", "dtype", "nbytes", "signature")
+
+    def __init__(self, meta: torch.Tensor) -> None:
+        self.shape = tuple(meta.shape)
+        self.stride = tuple(meta.stride())
+        self.dtype = meta.dtype
+        self.nbytes = storage_nbytes(self.shape, self.stride, meta.element_size())
+        self.signature = (self.shape, self.stride, self.dtype)
+
+
+class Inference:
+    """Cached result of shape inference for one op signature.
+
+    ``outputs`` holds one :class:`OutputSpec` per returned tensor (None for a returned
+    None); ``structure`` is "tensor", "tuple", "list" or "none" (how the op returns them).
+    """
+
+    __slots__ = ("outputs", "structure", "cost", "resized")
+
+    def __init__(self, outputs, structure, cost, resized=()) -> None:
+        self.outputs = outputs
+        self.structure = structure
+        self.cost = cost
+        # ``out=`` arguments the op resizes: ((index, name, OutputSpec), ...)
+        self.resized = resized
+
+
+def _to_meta(value):
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_meta(v) for v in value)
+    if isinstance(value, torch.device):
+        return torch.device("meta")
+    if isinstance(value, torch.Generator):
+        return None
+    return value
+
+
+def infer(entry, args, kwargs) -> Inference | str:
+    """Shape inference for ``entry.op`` called on ``args``/``kwargs`` (device tensors)."""
+    op = entry.op
+    meta_args = _to_meta(args)
+    meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
+    try:
+        with _disable_current_modes():
+            result = op(*meta_args, **meta_kwargs)
+    except NotImplementedError:
+        return NO_META
+    except Exception as error:  # the meta kernel rejected these arguments
+        if "meta" in str(error).lower() and "not implemented" in str(error).lower():
+            return NO_META
+        raise MetaRejected(error) from error
+
+    if isinstance(result, torch.Tensor):
+        structure, values = "tensor", (result,)
+    elif result is None:
+        structure, values = "none", ()
+    elif isinstance(result, (tuple, list)) and all(v is None or isinstance(v, torch.Tensor) for v in result):
+        structure, values = ("list" if isinstance(result, list) else "tuple"), tuple(result)
+    else:  # a host value: not an op the device can queue
+        return NO_META
+    aliases = entry.return_alias if structure == "tuple" else entry.return_alias * len(values)
+    outputs = tuple(
+        OutputSpec(v) if v is not None and (alias is None) else None
+        for v, alias in zip(values, aliases or (None,) * len(values))
+    )
+    written = [v for v, spec in zip(values, outputs) if spec is not None]
+    resized = []
+    for index, name in entry.mutated:
+        value = meta_args[index] if index < len(meta_args) else meta_kwargs.get(name)
+        before = args[index] if index < len(args) else kwargs.get(name)
+        if isinstance(value, torch.Tensor) and (value.shape != before.shape or value.stride() != before.stride()):
+            resized.append((index, name, OutputSpec(value)))
+        written.extend(t for t in _flatten([value]) if isinstance(t, torch.Tensor))
+    cost = cost_model.op_cost(op, meta_args, meta_kwargs, written)
+    return Inference(outputs, structure, cost, tuple(resized))
+
+
+def _flatten(values):
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            yield from _flatten(v)
+        else:
+            yield v

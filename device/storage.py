@@ -1,0 +1,123 @@
+"""Device memory: one :class:`DeviceStorage` per allocation, and the allocator's books.
+
+Entry points: :class:`DeviceStorage` and :data:`MEMORY`.
+
+A storage plays a block of HBM. Its bytes live in a CPU tensor (``data``), which is
+created lazily: the kernel that first writes the storage hands over its result tensor
+("adopt"), so a functional op costs no extra copy; the host allocates the buffer itself
+only when it needs to alias it before that (a view) or when nothing will write it
+(``torch.empty``). Either way the device memory is accounted at allocation time, on the
+host, as a CUDA caching allocator would: going over capacity raises
+``torch.OutOfMemoryError`` there and then, and nothing already on the device is lost.
+
+Views share their base's storage. A storage is freed when the last tensor and the last
+queued kernel that use it are gone.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from .config import CONFIG
+
+_MATERIALIZE_LOCK = threading.Lock()
+_ROUND = 512  # allocation granularity in bytes, as in CUDA's caching allocator
+
+
+class MemoryBooks:
+    __slots__ = ("allocated", "peak", "reserved", "allocations", "frees", "ooms", "live_blocks")
+
+    def __init__(self) -> None:
+        self.allocated = 0
+        self.peak = 0
+        self.reserved = 0
+        self.allocations = 0
+        self.frees = 0
+        self.ooms = 0
+        self.live_blocks = 0
+
+
+MEMORY = MemoryBooks()
+
+
+def storage_nbytes(shape, stride, itemsize: int) -> int:
+    """Bytes a tensor of this shape and stride spans from its first element."""
+    span = 1
+    for size, step in zip(shape, stride):
+        if size == 0:
+            return 0
+        span += (size - 1) * step
+    return span * itemsize
+
+
+def _out_of_memory(nbytes: int) -> torch.OutOfMemoryError:
+    capacity = CONFIG.hbm_bytes
+    gib = 1 << 30
+    return torch.OutOfMemoryError(
+        f"neuron: out of device memory. Tried to allocate {nbytes / gib:.2f} GiB; the device "
+        f"holds {capacity / gib:.2f} GiB, of which {MEMORY.allocated / gib:.2f} GiB are "
+        f"allocated in {MEMORY.live_blocks} blocks (peak {MEMORY.peak / gib:.2f} GiB). "
+        "Nothing already on the device was lost. Set NEURON_SIM_HBM_GB to simulate a larger "
+        "device, or free tensors you no longer need."
+    )
+
+
+class DeviceStorage:
+    """One device allocation. ``data`` is its CPU backing tensor, or None until needed."""
+
+    __slots__ = ("data", "nbytes", "shape", "stride", "dtype", "poison", "aliased", "__weakref__")
+
+    def __init__(self, shape, stride, dtype, nbytes: int, data=None) -> None:
+        rounded = -(-nbytes // _ROUND) * _ROUND
+        books = MEMORY
+        allocated = books.allocated + rounded
+        if allocated > CONFIG.hbm_bytes:
+            books.ooms += 1
+            raise _out_of_memory(rounded)
+        books.allocated = allocated
+        books.allocations += 1
+        books.live_blocks += 1
+        if allocated > books.peak:
+            books.peak = allocated
+            if allocated > books.reserved:
+                books.reserved = allocated
+        self.nbytes = rounded
+        self.shape = shape
+        self.stride = stride
+        self.dtype = dtype
+        self.data = data
+        self.poison = None  # KernelFailure that left this storage without valid data
+        self.aliased = False  # a view of it exists: fusion must not drop its writes
+
+    def __del__(self) -> None:
+        books = MEMORY
+        books.allocated -= self.nbytes
+        books.frees += 1
+        books.live_blocks -= 1
+
+    def materialize(self) -> torch.Tensor:
+        """The CPU backing tensor, allocating it now if nothing has written it yet."""
+        data = self.data
+        if data is None:
+            with _MATERIALIZE_LOCK:
+                data = self.data
+                if data is None:
+                    data = self.data = torch.empty_strided(self.shape, self.stride, dtype=self.dtype)
+        return data
+
+    def adopt(self, result: torch.Tensor) -> None:
+        """Make a kernel's result this storage's contents (no copy when possible)."""
+        if self.data is None:
+            with _MATERIALIZE_LOCK:
+                if (
+                    self.data is None
+                    and result.shape == self.shape
+                    and result.stride() == self.stride
+                    and result.dtype == self.dtype
+                    and result.storage_offset() == 0
+                    and not result._is_view()
+                ):
+                    self.data = result
+                    return
+        self.materialize().copy_(result)

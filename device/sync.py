@@ -1,0 +1,66 @@
+"""Where recorded ops go (the sink), and sync points.
+
+Entry points: :func:`submit` (hand a recorded op to the sink), :func:`synchronize` (a
+sync point), :func:`set_sink` (the adaptive runtime plugs its op window in here).
+
+The sink sits between op interception and the execution queue. The strict-eager sink
+launches every record at once. The adaptive runtime installs a sink that buffers records
+in a window and launches fused kernels when it flushes. A sync point first flushes the
+sink, then waits for the queue and rethrows the earliest deferred error.
+"""
+from __future__ import annotations
+
+from .config import CONFIG
+from .metrics import COUNTERS
+from .queue import QUEUE
+
+
+class StrictSink:
+    """Strict eager: one recorded op is one kernel launch, submitted at once."""
+
+    name = "strict"
+
+    def record(self, record) -> None:
+        counters = COUNTERS
+        counters.kernels_launched += 1
+        stream = record.stream
+        counters.launches_by_stream[stream] += 1
+        QUEUE.submit(record, stream)
+        if CONFIG.launch_blocking:
+            QUEUE.wait()
+
+    def flush(self, reason: str) -> None:
+        pass
+
+
+STRICT_SINK = StrictSink()
+_sink = STRICT_SINK
+
+
+def current_sink():
+    return _sink
+
+
+def set_sink(sink) -> None:
+    """Install ``sink`` (an object with ``record(op_record)`` and ``flush(reason)``).
+    The previous sink is flushed first, so no recorded op is lost."""
+    global _sink
+    if sink is _sink:
+        return
+    _sink.flush("mode_change")
+    _sink = sink
+
+
+def submit(record) -> None:
+    _sink.record(record)
+
+
+def flush(reason: str) -> None:
+    _sink.flush(reason)
+
+
+def synchronize(reason: str = "synchronize") -> None:
+    """A sync point: launch everything recorded, wait for the device, raise deferred errors."""
+    _sink.flush(reason)
+    COUNTERS.sync_points[reason] += 1
+    QUEUE.wait()

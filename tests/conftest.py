@@ -1,0 +1,36 @@
+"""Shared fixtures: every test starts with a drained queue, no pending error, zeroed
+statistics, and the default switches."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import adaptive_eager
+from adaptive_eager.device.config import CONFIG
+from adaptive_eager.device.queue import QUEUE
+
+
+@pytest.fixture(autouse=True)
+def clean_device():
+    saved = (CONFIG.launch_blocking, CONFIG.fallback)
+    QUEUE.drain()
+    QUEUE.failures.take()
+    adaptive_eager.reset_stats()
+    yield
+    CONFIG.launch_blocking, CONFIG.fallback = saved
+    QUEUE.drain()
+    QUEUE.failures.take()
+    QUEUE.faults = None
+
+
+def assert_same(neuron_value, cpu_value, **tolerances):
+    """Compare a neuron result with the CPU's: same dtype, shape and values."""
+    if isinstance(neuron_value, torch.Tensor):
+        assert neuron_value.device.type == "neuron", neuron_value.device
+        torch.testing.assert_close(neuron_value.cpu(), cpu_value, **tolerances)
+    elif isinstance(neuron_value, (list, tuple)):
+        assert len(neuron_value) == len(cpu_value)
+        for a, b in zip(neuron_value, cpu_value):
+            assert_same(a, b, **tolerances)
+    else:
+        assert neuron_value == cpu_value

@@ -1,0 +1,54 @@
+"""The device is registered the way PyTorch expects an out-of-tree accelerator to be."""
+import subprocess
+import sys
+
+import torch
+
+
+def test_import_torch_alone_registers_neuron():
+    # PyTorch's autoload convention: the torch.backends entry point runs on `import torch`.
+    code = "import torch; x = torch.ones(2, device='neuron'); print(type(x).__name__, x.device)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["NeuronTensor", "neuron:0"]
+
+
+def test_device_strings():
+    assert torch.device("neuron").type == "neuron"
+    assert torch.device("neuron:0").index == 0
+    assert torch.ones(1, device="neuron:0").device == torch.device("neuron", 0)
+
+
+def test_torch_neuron_module_mirrors_cuda_names():
+    for name in ["is_available", "device_count", "current_device", "set_device", "synchronize",
+                 "manual_seed", "manual_seed_all", "seed", "get_rng_state", "set_rng_state",
+                 "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats"]:
+        assert callable(getattr(torch.neuron, name)), name
+    assert torch.neuron.is_available() and torch.neuron.device_count() == 1
+    assert torch.neuron.current_device() == 0
+    torch.neuron.set_device(0)
+    torch.neuron.set_device("neuron:0")
+
+
+def test_set_device_rejects_missing_index():
+    import pytest
+
+    with pytest.raises(RuntimeError, match="device count is 1"):
+        torch.neuron.set_device(1)
+
+
+def test_accelerator_interface():
+    assert torch.accelerator.current_accelerator() == torch.device("neuron")
+    assert torch.accelerator.is_available()
+    assert torch.accelerator.device_count() == 1
+    x = torch.ones(3, device="neuron") * 2
+    torch.accelerator.synchronize()
+    assert x.sum().item() == 6.0
+
+
+def test_tensor_and_module_helpers():
+    t = torch.arange(4.0)
+    assert t.neuron().device.type == "neuron"
+    assert t.to("neuron").is_neuron
+    module = torch.nn.Linear(2, 3).neuron()
+    assert module.weight.device.type == "neuron"
+    assert isinstance(module.weight, torch.nn.Parameter)
