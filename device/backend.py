@@ -50,6 +50,22 @@ def _boxed_fallback(op, *args, **kwargs):
     return dispatch(op, args, kwargs)
 
 
+# Ops that C++ code calls on neuron tensors with the Python dispatch key excluded
+# (``torch.tensor(data, device='neuron')`` copies under such a guard). They reach the
+# PrivateUse1 key, where a boxed Python *fallback* cannot take tensor arguments (PyTorch
+# asserts), so each gets an explicit PrivateUse1 kernel that calls the dispatcher.
+_EXPLICIT_OPS = ("copy_", "_to_copy", "_copy_from", "_copy_from_and_resize", "detach", "alias", "view", "lift_fresh")
+
+
+def _explicit_kernel(op):
+    def kernel(*args, **kwargs):
+        from .dispatch import dispatch
+
+        return dispatch(op, args, kwargs)
+
+    return kernel
+
+
 def _patch_accelerator_synchronize() -> None:
     original = torch.accelerator.synchronize
     if getattr(original, "_neuron_patched", False):
@@ -83,6 +99,10 @@ def register() -> None:
     library = torch.library.Library("_", "IMPL")
     library.fallback(_boxed_fallback, dispatch_key="PrivateUse1")
     _STATE["libraries"].append(library)
+    explicit = torch.library.Library("aten", "IMPL")
+    for name in _EXPLICIT_OPS:
+        explicit.impl(name, _explicit_kernel(getattr(torch.ops.aten, name).default), "PrivateUse1")
+    _STATE["libraries"].append(explicit)
     register_autocast()
     _patch_accelerator_synchronize()
     from .tensor import NeuronTensor  # noqa: F401  (imports the dispatcher)

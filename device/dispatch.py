@@ -338,7 +338,10 @@ def run_copy(entry, args, kwargs):
             return launch(entry, args, kwargs)  # device <- device, or device <- host
         return run_on_host(entry, args, kwargs, "copy_to_host")
     if op is aten._to_copy.default:
+        source = args[0]
         device = kwargs.get("device")
+        if type(source) is not NeuronTensor:  # host -> device
+            return _upload(source, kwargs)
         if device is not None and device.type != "neuron":
             return run_on_host(entry, args, kwargs, "copy_to_host")
         return launch(entry, args, kwargs)
@@ -346,6 +349,18 @@ def run_copy(entry, args, kwargs):
         src, dst = args[0], args[1]
         return dispatch(aten.copy_.default, (dst, src), {"non_blocking": args[2] if len(args) > 2 else False})
     return run_on_host(entry, args, kwargs, "fallback")
+
+
+def _upload(source: torch.Tensor, kwargs):
+    """``cpu_tensor.to('neuron')``: a fresh device tensor, then one copy kernel that reads
+    a snapshot of the host tensor (and converts dtype if asked)."""
+    meta_kwargs = dict(kwargs, device=torch.device("meta"))
+    meta = aten._to_copy.default(torch.empty_strided(source.shape, source.stride(), dtype=source.dtype, device="meta"), **meta_kwargs)
+    shape, stride = tuple(meta.shape), tuple(meta.stride())
+    storage = DeviceStorage(shape, stride, meta.dtype, storage_nbytes(shape, stride, meta.element_size()))
+    target = wrap_fresh(shape, stride, meta.dtype, storage, (shape, stride, meta.dtype))
+    launch(op_entry(aten.copy_.default), (target, source), {})
+    return target
 
 
 def run_on_host(entry, args, kwargs, reason):

@@ -65,6 +65,23 @@ class Inference:
         self.resized = resized
 
 
+def _batch_norm_eval(op, args, kwargs):
+    # The CPU kernel returns empty save_mean/save_invstd when not training; the meta
+    # kernel returns per-channel ones.
+    output, mean, invstd = op(*args, **kwargs)
+    training = args[5] if len(args) > 5 else kwargs.get("training")
+    if not training:
+        mean, invstd = mean.new_empty(0), invstd.new_empty(0)
+    return output, mean, invstd
+
+
+# Ops whose meta kernel disagrees with the CPU kernel on output metadata: op -> a function
+# (op, meta_args, meta_kwargs) that returns what the CPU kernel returns.
+META_OVERRIDES = {
+    torch.ops.aten.native_batch_norm.default: _batch_norm_eval,
+}
+
+
 def _to_meta(value):
     if isinstance(value, torch.Tensor):
         return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
@@ -84,7 +101,8 @@ def infer(entry, args, kwargs) -> Inference | str:
     meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
     try:
         with _disable_current_modes():
-            result = op(*meta_args, **meta_kwargs)
+            override = META_OVERRIDES.get(op)
+            result = override(op, meta_args, meta_kwargs) if override else op(*meta_args, **meta_kwargs)
     except NotImplementedError:
         return NO_META
     except Exception as error:  # the meta kernel rejected these arguments

@@ -70,6 +70,20 @@ class NeuronTensor(torch.Tensor):
             return self.item().__format__(format_spec)
         return object.__format__(self, format_spec)
 
+    def tolist(self):
+        return self.cpu().tolist()
+
+    def numpy(self, *, force: bool = False):
+        if force:
+            return self.cpu().numpy(force=True)
+        raise TypeError(
+            f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to "
+            "copy the tensor to host memory first."
+        )
+
+    def __array__(self, dtype=None, copy=None):
+        return self.numpy().astype(dtype, copy=False) if dtype is not None else self.numpy()
+
     def __reduce_ex__(self, protocol):
         # Saved as CPU data plus the device it came from; torch.load's map_location
         # applies, and weights_only loading accepts it.
