@@ -62,7 +62,7 @@ def stats() -> dict:
     buffered in an adaptive window are counted as recorded, not yet as launched.
     """
     QUEUE.drain()
-    kernels = sorted(QUEUE.kernel_totals.items(), key=lambda item: -item[1][1])
+    kernels = sorted(QUEUE.kernel_summary().items(), key=lambda item: -item[1][1])
     return {
         "version": STATS_VERSION,
         "mode": "adaptive" if current_sink().name == "adaptive" else "strict",

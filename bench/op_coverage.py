@@ -12,7 +12,8 @@ Outcome of each op:
   fallback (``adaptive_eager.stats()['fallback_ops']``);
 - ``fail``: a sample gave a wrong result, a result on the wrong device, or raised on
   ``neuron`` although the CPU ran it (first failure's one-line reason is kept);
-- ``skip``: no float32 samples, or the CPU itself raised on every sample.
+- ``skip``: no float32 samples, the CPU itself raised on every sample, or no sample has
+  a tensor or device argument (``broadcast_shapes``: nothing would run on ``neuron``).
 
 Random ops (a fixed name list, plus the ops OpInfo itself marks "output is
 non-deterministic" or "not comparable", such as ``empty``) are compared by shape and dtype
@@ -133,45 +134,105 @@ def tolerances(opinfo, dtype=torch.float32) -> dict:
 
 
 # -- moving samples --------------------------------------------------------------------
-def to_device(value, device, memo=None):
-    """``value`` with every tensor moved to ``device``, recursively through lists, tuples
-    and dicts; the same tensor object is moved once (aliasing kept for identical objects)."""
-    if memo is None:
-        memo = {}
-    if isinstance(value, torch.Tensor):
-        moved = memo.get(id(value))
+# Tensor arguments PyTorch requires on the CPU whatever the device (the OpInfo builds them
+# with torch.tensor(...) and no device): op key -> positions in sample.args left alone.
+HOST_TENSOR_ARGS = {
+    "tensor_split": {0},  # tensor_indices_or_sections "expected to be on cpu"
+}
+
+
+class _Mover:
+    """Moves a sample's tensors to ``neuron`` the way ``sample_inputs('neuron')`` would
+    have built them: the same tensor object is moved once; a tensor that is a view into a
+    larger storage (``base[5:15]``, ``x[:, ::2]``) is moved with its whole storage and
+    re-viewed on the device with the same sizes, strides and storage offset (so
+    ``as_strided`` and non-contiguous kernels see what they see on the CPU), and views
+    of one storage stay views of one device storage."""
+
+    def __init__(self) -> None:
+        self.by_id: dict = {}
+        self.by_storage: dict = {}
+
+    def tensor(self, t: torch.Tensor) -> torch.Tensor:
+        moved = self.by_id.get(id(t))
         if moved is None:
-            moved = value.to(device)
-            memo[id(value)] = moved
+            moved = self.by_id[id(t)] = self._move(t)
         return moved
+
+    def _move(self, t: torch.Tensor) -> torch.Tensor:
+        if t.layout != torch.strided or t.device.type != "cpu":
+            return t.to(NEURON)
+        storage = t.untyped_storage()
+        total = storage.nbytes() // t.element_size()
+        key = (storage.data_ptr(), t.dtype)
+        base = self.by_storage.get(key)
+        if base is None:
+            if t.storage_offset() == 0 and total == t.numel():
+                return t.to(NEURON)  # the common case: a tensor that owns its storage
+            base = t.as_strided((total,), (1,), 0).to(NEURON)
+            self.by_storage[key] = base
+        return base.as_strided(t.shape, t.stride(), t.storage_offset())
+
+    def __call__(self, value):
+        if isinstance(value, torch.Tensor):
+            return self.tensor(value)
+        if isinstance(value, list):
+            return [self(v) for v in value]
+        if isinstance(value, tuple):
+            items = [self(v) for v in value]
+            return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+        if isinstance(value, dict):
+            return {k: self(v) for k, v in value.items()}
+        return value
+
+
+def to_neuron(value):
+    """``value`` with every tensor moved to ``neuron`` (recursively through lists,
+    tuples and dicts; non-tensors left alone)."""
+    return _Mover()(value)
+
+
+def to_cpu(value):
+    """``value`` with every tensor copied to the CPU (recursively), for comparison."""
+    if isinstance(value, torch.Tensor):
+        return value.to(CPU)
     if isinstance(value, list):
-        return [to_device(v, device, memo) for v in value]
+        return [to_cpu(v) for v in value]
     if isinstance(value, tuple):
-        items = [to_device(v, device, memo) for v in value]
+        items = [to_cpu(v) for v in value]
         return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
     if isinstance(value, dict):
-        return {k: to_device(v, device, memo) for k, v in value.items()}
+        return {k: to_cpu(v) for k, v in value.items()}
     return value
 
 
-def _retarget_device_kwarg(kwargs: dict) -> tuple[dict, bool]:
-    """``device='cpu'`` (factories' sample kwargs) becomes ``device='neuron'``."""
-    device = kwargs.get("device")
-    if device is None:
-        return kwargs, False
-    if torch.device(device).type == "cpu":
-        return {**kwargs, "device": NEURON}, True
-    return kwargs, False
+def _is_cpu_device(value) -> bool:
+    if isinstance(value, torch.device):
+        return value.type == "cpu"
+    return isinstance(value, str) and value == "cpu"
 
 
-def neuron_call_args(sample):
-    """(input, args, kwargs, moved_anything) for the neuron run of ``sample``."""
-    memo: dict = {}
-    inp = to_device(sample.input, NEURON, memo)
-    args = to_device(tuple(sample.args), NEURON, memo)
-    kwargs = to_device(dict(sample.kwargs), NEURON, memo)
-    kwargs, retargeted = _retarget_device_kwarg(kwargs)
-    return inp, args, kwargs, bool(memo) or retargeted
+def neuron_call_args(sample, key: str = ""):
+    """(input, args, kwargs, on_device) for the neuron run of ``sample``.
+
+    Tensors move to ``neuron``; a CPU device argument (``device='cpu'`` of factories,
+    ``x.to('cpu', ...)``) becomes ``neuron``: the sample was built for the CPU as "the
+    device under test". ``on_device`` says whether anything now names the device, i.e.
+    whether tensor results must come back on ``neuron``."""
+    mover = _Mover()
+    host_positions = HOST_TENSOR_ARGS.get(key, ())
+    inp = mover(sample.input)
+    args = tuple(
+        value if index in host_positions
+        else (NEURON if _is_cpu_device(value) else mover(value))
+        for index, value in enumerate(sample.args)
+    )
+    kwargs = {
+        name: (NEURON if name == "device" and _is_cpu_device(value) else mover(value))
+        for name, value in sample.kwargs.items()
+    }
+    retargeted = any(a is NEURON for a in args) or kwargs.get("device") is NEURON
+    return inp, args, kwargs, bool(mover.by_id) or retargeted
 
 
 def _leaves(value):
@@ -310,8 +371,11 @@ class SampleTimeout(Exception):
 
 @contextlib.contextmanager
 def _watchdog(seconds: int):
-    """Raise SampleTimeout in the main thread after ``seconds`` (POSIX only)."""
-    if seconds <= 0 or not hasattr(signal, "SIGALRM") or not _in_main_thread():
+    """Raise SampleTimeout in the main thread after ``seconds`` (POSIX only). Stands
+    aside when a real-time timer is already armed (pytest-timeout's signal method): one
+    process has one such timer, and that watcher's is kept."""
+    if (seconds <= 0 or not hasattr(signal, "SIGALRM") or not _in_main_thread()
+            or signal.getitimer(signal.ITIMER_REAL)[0] > 0):
         yield
         return
 
@@ -349,6 +413,7 @@ def run_opinfo(opinfo, max_samples: int = DEFAULT_SAMPLES, time_budget: float = 
         "samples_cpu_failed": 0,
         "samples_failed": 0,
         "samples_not_run": 0,
+        "samples_off_device": 0,  # compared, but nothing in the call named the device
         "time_s": 0.0,
     }
 
@@ -382,9 +447,9 @@ def run_opinfo(opinfo, max_samples: int = DEFAULT_SAMPLES, time_budget: float = 
     first_failure = None
 
     for index, sample in enumerate(samples):
-        if time.perf_counter() - started > time_budget:
+        if index > 0 and time.perf_counter() - started > time_budget:
             record["samples_not_run"] = len(samples) - index
-            record["note"] = f"time budget of {time_budget:.0f} s reached after {index} samples"
+            record["note"] = f"time budget of {time_budget:g} s reached after {index} samples"
             break
         failure = None
         try:
@@ -392,7 +457,7 @@ def run_opinfo(opinfo, max_samples: int = DEFAULT_SAMPLES, time_budget: float = 
                 warnings.simplefilter("ignore")
                 # 1. the neuron inputs, before the CPU run can change the sample in place
                 try:
-                    n_input, n_args, n_kwargs, moved = neuron_call_args(sample)
+                    n_input, n_args, n_kwargs, moved = neuron_call_args(sample, op_key(opinfo))
                     torch.neuron.synchronize()
                 except adaptive_eager.NeuronRuntimeError as exc:
                     failure = "moving inputs to neuron: " + exception_reason(exc)
@@ -419,8 +484,8 @@ def run_opinfo(opinfo, max_samples: int = DEFAULT_SAMPLES, time_budget: float = 
                     torch.neuron.synchronize()
                     if moved:
                         check_devices(n_result, cpu_result)
-                    host_result = to_device(n_result, CPU)
-                    host_inputs_after = to_device((n_input, n_args, n_kwargs), CPU)
+                    host_result = to_cpu(n_result)
+                    host_inputs_after = to_cpu((n_input, n_args, n_kwargs))
                     process = getattr(sample, "output_process_fn_grad", None) or (lambda x: x)
                     compare(process(host_result), process(cpu_result), mode, tol)
                     if mode == "values":
@@ -432,6 +497,8 @@ def run_opinfo(opinfo, max_samples: int = DEFAULT_SAMPLES, time_budget: float = 
                     else:
                         seeded.append(_values_equal(process(host_result), process(cpu_result)))
                     record["samples_compared"] += 1
+                    if not moved:
+                        record["samples_off_device"] += 1
                 except AssertionError as exc:
                     failure = mismatch_reason(exc)
                 except adaptive_eager.NeuronRuntimeError as exc:
@@ -459,6 +526,9 @@ def run_opinfo(opinfo, max_samples: int = DEFAULT_SAMPLES, time_budget: float = 
     if first_failure is not None:
         record["outcome"] = "fail"
         record["reason"] = first_failure
+    elif record["samples_compared"] == record["samples_off_device"] and record["samples_compared"]:
+        record["outcome"] = "skip"
+        record["reason"] = "no sample has a tensor or device argument: nothing ran on neuron"
     elif record["samples_compared"] == 0:
         record["outcome"] = "skip"
         if record["samples_cpu_failed"]:

@@ -109,4 +109,25 @@ def register() -> None:
     from .queue import QUEUE
 
     atexit.register(QUEUE.drain)
+    _freeze_import_time_objects()
     _STATE["registered"] = True
+
+
+def _freeze_import_time_objects() -> None:
+    """Move the objects alive now (torch's modules, ~170k of them) out of the cyclic
+    garbage collector's reach.
+
+    Every recorded op allocates a few small GC-tracked objects that live until the device
+    worker runs the kernel. When the queue is deep they survive into the oldest GC
+    generation, and each full collection then walks every object torch created at import:
+    tens of milliseconds, tripling the host's per-op cost (bench/overhead.py). Frozen
+    objects are still freed by reference counting; only cycles among them would not be
+    collected, and at import time there are none to speak of. ``NEURON_GC_FREEZE=0`` opts
+    out.
+    """
+    import gc
+
+    from .config import env_flag
+
+    if env_flag("NEURON_GC_FREEZE", True):
+        gc.freeze()

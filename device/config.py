@@ -12,6 +12,7 @@ through :data:`CONFIG` (``CONFIG.launch_blocking = True``), never by editing
 | NEURON_SIM_HBM_GB=<float>  | device memory capacity, GiB (default: one Trn2 chip, 96)   |
 | NEURON_SIM_FAULT=op:n[,..] | fault injection: the n-th kernel running ``op`` fails      |
 | NEURON_TRACE=<path.json>   | write a Chrome trace of host issue and device execution   |
+| NEURON_GC_FREEZE=0         | do not freeze import-time objects out of the cyclic GC     |
 """
 from __future__ import annotations
 

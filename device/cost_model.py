@@ -103,13 +103,24 @@ def op_flops(op, args, kwargs, outputs) -> float:
     return float(largest)
 
 
-def op_cost(op, args, kwargs, outputs, mutated=()) -> tuple[int, float, float]:
-    """(bytes, flops, time_us) of one op on meta tensors. ``mutated`` inputs count twice."""
-    nbytes = sum(tensor_bytes(t) for t in _tensors(list(args) + list(kwargs.values())))
-    nbytes += sum(tensor_bytes(t) for t in _tensors(outputs))
-    nbytes += sum(tensor_bytes(t) for t in mutated)
-    flops = op_flops(op, args, kwargs, outputs)
-    dtype = next((t.dtype for t in _tensors(outputs)), None)
+# In-place ops that overwrite ``self`` without reading it.
+_WRITE_ONLY = {
+    "aten::fill_", "aten::zero_", "aten::copy_", "aten::normal_", "aten::uniform_",
+    "aten::bernoulli_", "aten::random_", "aten::exponential_", "aten::geometric_",
+    "aten::log_normal_", "aten::cauchy_",
+}
+
+
+def op_cost(op, args, kwargs, written) -> tuple[int, float, float]:
+    """(bytes, flops, time_us) of one op on meta tensors: every tensor argument is read,
+    every written tensor (outputs, and arguments mutated in place) is written."""
+    read = list(args) + list(kwargs.values())
+    if op._schema.name in _WRITE_ONLY:
+        read = read[1:]
+    nbytes = sum(tensor_bytes(t) for t in _tensors(read))
+    nbytes += sum(tensor_bytes(t) for t in _tensors(written))
+    flops = op_flops(op, args, kwargs, written)
+    dtype = next((t.dtype for t in _tensors(written)), None)
     if dtype is None:
         dtype = next((t.dtype for t in _tensors(args)), torch.float32)
     return nbytes, flops, PROFILE.kernel_time_us(nbytes, flops, dtype)

@@ -25,7 +25,7 @@ from .location import capture_location
 from .metrics import COUNTERS
 from .op_table import _ENTRIES, COPY, DATA_DEPENDENT, HOST_READ, KERNEL, METADATA, VIEW, op_entry
 from .queue import QUEUE
-from .random import DEVICE_REWRITES, GENERATOR
+from .random import GENERATOR
 from .shapes import NO_META, SHAPE_CACHE, MetaRejected, infer
 from .storage import DeviceStorage, storage_nbytes
 from .streams import STATE as _STREAMS
@@ -36,9 +36,6 @@ CPU = torch.device("cpu")
 _Tensor = torch.Tensor
 _SCALARS = (int, float, bool)
 
-# Ops that only allocate: no kernel runs (as on CUDA, torch.empty launches nothing).
-_ALLOCATIONS = {aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
-                aten.new_empty_strided.default, aten.empty_like.default}
 # Ops that may take CPU tensors of any rank beside neuron ones, as CUDA's indexing does.
 _HOST_TENSORS_OK = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default,
                     aten._index_put_impl_.default, aten.copy_.default}
@@ -98,16 +95,20 @@ def _convert(entry, value, key, reads):
 
 
 def _record_call(entry, args, kwargs):
-    """Convert the call: (key parts, reference args, reference kwargs, storages read)."""
+    """Convert the call: (key parts, reference args, reference kwargs, storages read,
+    whether a list argument holds references)."""
     key = [entry]
     reads = []
     refs = []
+    nested = False
     for value in args:
         if type(value) is NeuronTensor:
             key.append(value._sig)
             reads.append(value._storage)
             refs.append(value._ref)
         else:
+            if type(value) is list or type(value) is tuple:
+                nested = True
             refs.append(_convert(entry, value, key, reads))
     kwrefs = {}
     if kwargs:
@@ -118,10 +119,12 @@ def _record_call(entry, args, kwargs):
                 reads.append(value._storage)
                 kwrefs[name] = value._ref
             else:
+                if type(value) is list or type(value) is tuple:
+                    nested = True
                 kwrefs[name] = _convert(entry, value, key, reads)
     if entry.generator_arg is not None and kwrefs.get("generator") is None:
         kwrefs["generator"] = GENERATOR
-    return key, refs, kwrefs, reads
+    return key, refs, kwrefs, reads, nested
 
 
 def dispatch(func, args, kwargs):
@@ -130,7 +133,7 @@ def dispatch(func, args, kwargs):
         entry = op_entry(func)
     kind = entry.kind
     if kind is KERNEL:
-        if func in _ALLOCATIONS:
+        if entry.allocation:
             return _allocate(entry, args, kwargs or {})
         return launch(entry, args, kwargs)
     if kind is VIEW:
@@ -148,10 +151,9 @@ def dispatch(func, args, kwargs):
 
 def launch(entry, args, kwargs):
     """Record a kernel: outputs now, computation on the queue."""
-    rewrite = DEVICE_REWRITES.get(entry.op)
-    if rewrite is not None:
-        entry = op_entry(rewrite)
-    key, refs, kwrefs, reads = _record_call(entry, args, kwargs)
+    if entry.rewrite is not None:
+        entry = entry.rewrite
+    key, refs, kwrefs, reads, nested = _record_call(entry, args, kwargs)
     key = tuple(key)
     inference = SHAPE_CACHE.get(key)
     if inference is None:
@@ -164,7 +166,7 @@ def launch(entry, args, kwargs):
         return run_on_host(entry, args, kwargs or {}, "fallback")
     if inference.resized:
         _resize_outputs(inference.resized, args, kwargs)
-        key, refs, kwrefs, reads = _record_call(entry, args, kwargs)
+        key, refs, kwrefs, reads, nested = _record_call(entry, args, kwargs)
         key = tuple(key)
 
     results = []
@@ -177,16 +179,13 @@ def launch(entry, args, kwargs):
         storage = DeviceStorage(spec.shape, spec.stride, spec.dtype, spec.nbytes)
         results.append(storage)
         outputs.append(wrap_fresh(spec.shape, spec.stride, spec.dtype, storage, spec.signature))
-    writes = ()
-    if entry.mutated:
-        writes = tuple(_mutated_storages(entry, args, kwargs))
+    writes = tuple(_mutated_storages(entry, args, kwargs)) if entry.mutated else ()
     record = OpRecord(
-        entry.op, refs, kwrefs, reads, writes, results, capture_location(), inference.cost, key, _STREAMS.current
+        entry.op, refs, kwrefs, nested, reads, writes, results, capture_location(), inference.cost, key, _STREAMS.current
     )
     COUNTERS.ops_recorded += 1
-    trace = QUEUE.trace
-    if trace is not None:
-        trace.issue(record)
+    if QUEUE.trace is not None:
+        QUEUE.trace.issue(record)
     _sync._sink.record(record)
     return _build_return(entry, inference.structure, outputs, args, kwargs)
 
@@ -197,6 +196,7 @@ def _resize_outputs(resized, args, kwargs):
     for index, name, spec in resized:
         tensor = args[index] if index < len(args) else kwargs[name]
         storage = DeviceStorage(spec.shape, spec.stride, spec.dtype, spec.nbytes)
+        storage.materialize()  # no kernel produces it: the op writes into it
         tensor._storage = storage
         set_wrapper_metadata(tensor, spec.shape, spec.stride, 0)
         tensor._ref = storage
@@ -354,10 +354,16 @@ def run_copy(entry, args, kwargs):
 def _upload(source: torch.Tensor, kwargs):
     """``cpu_tensor.to('neuron')``: a fresh device tensor, then one copy kernel that reads
     a snapshot of the host tensor (and converts dtype if asked)."""
+    if source.layout != torch.strided:
+        raise NotImplementedError(
+            f"{source.layout} tensors are not supported on the neuron device; convert with "
+            ".to_dense() first"
+        )
     meta_kwargs = dict(kwargs, device=torch.device("meta"))
     meta = aten._to_copy.default(torch.empty_strided(source.shape, source.stride(), dtype=source.dtype, device="meta"), **meta_kwargs)
     shape, stride = tuple(meta.shape), tuple(meta.stride())
     storage = DeviceStorage(shape, stride, meta.dtype, storage_nbytes(shape, stride, meta.element_size()))
+    storage.materialize()  # the copy kernel writes into it
     target = wrap_fresh(shape, stride, meta.dtype, storage, (shape, stride, meta.dtype))
     launch(op_entry(aten.copy_.default), (target, source), {})
     return target
@@ -408,6 +414,8 @@ def _upload_one(entry, value, args, kwargs, position):
     if alias is not None:
         index, name = alias
         return args[index] if index < len(args) else kwargs[name]
+    if value.layout != torch.strided:
+        raise NotImplementedError(f"{entry.name} returned a {value.layout} tensor; sparse layouts are not supported on the neuron device")
     value = value.clone() if value._is_view() else value
     shape, stride = tuple(value.shape), value.stride()
     storage = DeviceStorage(shape, stride, value.dtype, storage_nbytes(shape, stride, value.element_size()), value)

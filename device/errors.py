@@ -62,9 +62,11 @@ class KernelFailure:
     __slots__ = ("op_name", "call", "location", "kernel_name", "original", "sequence")
 
     def __init__(self, op_name, call, location, kernel_name, original, sequence) -> None:
+        from .location import describe
+
         self.op_name = op_name  # "aten::embedding"
         self.call = call  # "aten::embedding(f32[10, 4], i64[2, 3])"
-        self.location = location  # SourceLocation of the user's line
+        self.location = describe(location)  # SourceLocation of the user's line
         self.kernel_name = kernel_name  # fused kernel name, or None for a single op
         self.original = original  # the exception the kernel raised
         self.sequence = sequence  # launch number on the queue

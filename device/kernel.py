@@ -46,20 +46,22 @@ class OpRecord:
     """One aten op, recorded on the host. Frozen once built.
 
     - ``args``/``kwargs``: the call, with tensor references (see module docstring);
+      ``nested`` is True when an argument is a list holding references (``cat``);
     - ``reads``: storages the op reads; ``writes``: storages it writes in place;
     - ``results``: fresh storages for its outputs, in return order (None where the op
       returns no tensor);
     - ``cost``: (bytes, flops, simulated us) from the cost model;
     - ``key``: the op and its argument metadata, the unit of the plan cache's keys;
-    - ``location``: the user's line that issued it.
+    - ``location``: the user's line that issued it (raw; ``location.describe`` formats).
     """
 
-    __slots__ = ("op", "args", "kwargs", "reads", "writes", "results", "location", "cost", "key", "stream")
+    __slots__ = ("op", "args", "kwargs", "nested", "reads", "writes", "results", "location", "cost", "key", "stream")
 
-    def __init__(self, op, args, kwargs, reads, writes, results, location, cost, key, stream):
+    def __init__(self, op, args, kwargs, nested, reads, writes, results, location, cost, key, stream):
         self.op = op
         self.args = args
         self.kwargs = kwargs
+        self.nested = nested
         self.reads = reads
         self.writes = writes
         self.results = results
@@ -73,20 +75,30 @@ class OpRecord:
         return self.op._schema.name
 
     def run(self, env=None):
-        """Run the op on CPU tensors and return its raw result."""
+        """Run the op on CPU tensors and return its raw result.
+
+        Every storage read here holds data: it was allocated on the host, or written by an
+        earlier kernel on the FIFO queue (or that kernel failed, and this one is skipped).
+        """
+        if env is None and not self.nested:
+            args = [a.data if type(a) is DeviceStorage else a for a in self.args]
+            kwargs = self.kwargs
+            if kwargs:
+                kwargs = {k: (v.data if type(v) is DeviceStorage else v) for k, v in kwargs.items()}
+                return self.op._op(*args, **kwargs)
+            return self.op._op(*args)
         args = resolve(self.args, env)
         if self.kwargs:
-            return self.op(*args, **{k: resolve(v, env) for k, v in self.kwargs.items()})
-        return self.op(*args)
+            return self.op._op(*args, **{k: resolve(v, env) for k, v in self.kwargs.items()})
+        return self.op._op(*args)
 
     def store(self, result) -> None:
         """Hand each output tensor to its storage (strict eager: no copy when possible)."""
-        results = self.results
-        if len(results) == 1:
-            if results[0] is not None:
-                results[0].adopt(result)
+        if isinstance(result, torch.Tensor):
+            if self.results[0] is not None:
+                self.results[0].adopt(result)
             return
-        for storage, value in zip(results, flatten_results(result)):
+        for storage, value in zip(self.results, flatten_results(result)):
             if storage is not None and value is not None:
                 storage.adopt(value)
 
@@ -113,10 +125,16 @@ class OpRecord:
         try:
             if queue.faults is not None:
                 queue.faults.check(self.name)
-            self.store(self.run())
+            result = self.run()
+            results = self.results
+            if results:
+                if isinstance(result, torch.Tensor):
+                    if results[0] is not None:
+                        results[0].adopt(result)
+                else:
+                    self.store(result)
         except Exception as error:
             queue.fail(self.failure(error, sequence=queue.completed + 1), self.written())
-        queue.account(self.name, self.cost[0], self.cost[2], self.stream)
 
     def __repr__(self) -> str:
-        return f"OpRecord({self.name} at {self.location})"
+        return f"OpRecord({self.name})"

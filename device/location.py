@@ -63,7 +63,8 @@ class SourceLocation:
     __repr__ = __str__
 
 
-def capture_location(depth: int = 2) -> SourceLocation:
+def capture_location(depth: int = 2):
+    """The issuing frame as a raw ``(code, lineno)`` pair (cheap; see :func:`describe`)."""
     frame = sys._getframe(depth)
     cache = _INTERNAL_CODE
     while frame is not None:
@@ -72,10 +73,22 @@ def capture_location(depth: int = 2) -> SourceLocation:
         if internal is None:
             internal = cache[code] = _is_internal(code.co_filename)
         if not internal:
-            stack = traceback.extract_stack(frame) if CONFIG.full_stack else None
-            return SourceLocation(code.co_filename, frame.f_lineno, code.co_name, stack)
+            if CONFIG.full_stack:
+                return (code, frame.f_lineno, traceback.extract_stack(frame))
+            return (code, frame.f_lineno)
         frame = frame.f_back
     node = torch._C._current_autograd_node()
     if node is not None:
-        return SourceLocation(f"<autograd backward: {node.name()}>", 0, "")
-    return SourceLocation("<unknown>", 0, "")
+        return (f"<autograd backward: {node.name()}>", 0)
+    return ("<unknown>", 0)
+
+
+def describe(raw) -> SourceLocation:
+    """The :class:`SourceLocation` of a raw location from :func:`capture_location`."""
+    if isinstance(raw, SourceLocation) or raw is None:
+        return raw
+    code, lineno = raw[0], raw[1]
+    stack = raw[2] if len(raw) > 2 else None
+    if isinstance(code, str):
+        return SourceLocation(code, 0, "", stack)
+    return SourceLocation(code.co_filename, lineno, code.co_name, stack)

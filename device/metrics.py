@@ -18,11 +18,10 @@ class DeviceCounters:
         "kernels_launched",  # launches submitted to the execution queue
         "fallback_ops",  # Counter: aten::name -> runs on the CPU fallback
         "sync_points",  # Counter: reason -> host waits for the queue
-        "launches_by_stream",  # Counter: stream id -> launches
+        "launches_by_stream",  # dict: stream id -> launches
+        "bytes_moved",  # simulated device-memory traffic of launched kernels
+        "device_time_us",  # simulated device time of launched kernels
         # queue side
-        "kernels_executed",
-        "bytes_moved",
-        "device_time_us",
         "errors_deferred",  # kernel failures recorded on the queue
         "errors_raised",  # NeuronRuntimeErrors raised at sync points
         "kernels_skipped",  # kernels not run because an input was poisoned
@@ -37,8 +36,7 @@ class DeviceCounters:
         self.kernels_launched = 0
         self.fallback_ops = Counter()
         self.sync_points = Counter()
-        self.launches_by_stream = Counter()
-        self.kernels_executed = 0
+        self.launches_by_stream = {}
         self.bytes_moved = 0
         self.device_time_us = 0.0
         self.errors_deferred = 0

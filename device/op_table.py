@@ -27,6 +27,9 @@ DATA_DEPENDENT = "data_dependent"
 
 aten = torch.ops.aten
 
+# Ops that only allocate: no kernel runs (as on CUDA, torch.empty launches nothing).
+_ALLOCATIONS = {aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
+                aten.new_empty_strided.default, aten.empty_like.default}
 _COPY_OPS = {aten.copy_.default, aten._to_copy.default, aten._copy_from.default, aten._copy_from_and_resize.default}
 # Host reads the schema does not tag as data-dependent.
 _HOST_READS = {aten.is_nonzero.default, aten._local_scalar_dense.default}
@@ -39,7 +42,10 @@ _DATA_DEPENDENT = {
 class OpEntry:
     """What the dispatcher needs to know about one overload, computed once."""
 
-    __slots__ = ("op", "kind", "name", "mutated", "return_alias", "generator_arg", "seeded", "scalar_values_matter")
+    __slots__ = (
+        "op", "kind", "name", "mutated", "return_alias", "generator_arg", "seeded",
+        "scalar_values_matter", "allocation", "rewrite",
+    )
 
     def __init__(self, op) -> None:
         schema = op._schema
@@ -73,6 +79,8 @@ class OpEntry:
             or only_mutates
             or (not schema.returns and self.mutated)
         )
+        self.allocation = op in _ALLOCATIONS
+        self.rewrite = None  # the OpEntry of the op the device runs instead (random.py)
         if op in _COPY_OPS:
             self.kind = COPY
         elif op.is_view:
@@ -103,5 +111,11 @@ _ENTRIES: dict = {}
 def op_entry(op) -> OpEntry:
     entry = _ENTRIES.get(op)
     if entry is None:
-        entry = _ENTRIES[op] = OpEntry(op)
+        from .random import DEVICE_REWRITES
+
+        entry = OpEntry(op)
+        rewrite = DEVICE_REWRITES.get(op)
+        if rewrite is not None:
+            entry.rewrite = op_entry(rewrite)
+        _ENTRIES[op] = entry
     return entry

@@ -7,9 +7,9 @@ stream gets an engine of its own. An item on the queue is anything with a
 ``launch(queue)`` method: an ``OpRecord`` (one strict-eager kernel), a fused kernel, a
 fence (what ``synchronize`` waits on) or an event marker.
 
-Items call back into the queue to report what happened:
+The host accounts for a kernel when it launches it (``launch``: launches, bytes, the
+simulated clock). Items call back into the queue to report failures:
 
-- ``account(name, bytes, time_us, stream)``: a kernel ran; advance the simulated clock;
 - ``fail(failure, written)``: a kernel raised; keep the earliest failure for the next
   sync point and poison what the kernel was to write;
 - ``skip(written, failure)``: a kernel read a poisoned buffer and did not run.
@@ -81,15 +81,67 @@ class ExecutionQueue:
         self.kernel_totals: dict[str, list] = {}  # kernel name -> [launches, simulated us]
         self.trace = None  # a device.trace.TraceRecorder while tracing
         self.last_on_stream: dict[int, int] = {}  # stream id -> sequence of its last item
+        # Doorbell batching: submitted items wait in ``_batch`` until the host rings.
+        self._batch: list = []
+        self._batch_bytes = 0
+        self.batch_items = int(os.environ.get("NEURON_QUEUE_BATCH", "1024"))
+        self.batch_bytes = int(float(os.environ.get("NEURON_QUEUE_BATCH_MB", "1")) * (1 << 20))
 
     # -- host side -------------------------------------------------------------------
-    def submit(self, item, stream_id: int = 0) -> int:
-        if self._worker is None:
-            self._start()
+    def submit(self, item, stream_id: int = 0, nbytes: int = 0) -> int:
+        """Put ``item`` on the queue. Items reach the worker in batches (see ``ring``)."""
         self.submitted += 1
         sequence = self.submitted
         self.last_on_stream[stream_id] = sequence
-        self._items.put(item)
+        batch = self._batch
+        batch.append(item)
+        self._batch_bytes += nbytes
+        if len(batch) >= self.batch_items or self._batch_bytes >= self.batch_bytes:
+            self.ring()
+        return sequence
+
+    def ring(self) -> None:
+        """Hand the batched items to the device worker (the doorbell).
+
+        The host rings when a batch is full (``NEURON_QUEUE_BATCH`` items, or
+        ``NEURON_QUEUE_BATCH_MB`` of memory traffic: enough work to overlap with the host)
+        and at every sync point. Ringing per item would make the two threads trade the GIL
+        on every op: each torch call on the host releases it, and the waiting worker takes
+        it; batching keeps the host's per-op cost near a plain wrapper's
+        (bench/overhead.py).
+        """
+        batch = self._batch
+        if batch:
+            if self._worker is None:
+                self._start()
+            self._batch = []
+            self._batch_bytes = 0
+            self._items.put(batch)
+
+    def launch(self, kernel, key, nbytes: int, time_us: float, stream: int) -> int:
+        """Submit one kernel launch and account for it.
+
+        The simulated clock is advanced here, at submission: with one in-order queue, a
+        kernel starts when the one before it ends, so its simulated start and end are known
+        when it is issued (the device's idle gaps are not simulated time).
+        """
+        counters = COUNTERS
+        counters.kernels_launched += 1
+        counters.bytes_moved += nbytes
+        counters.device_time_us += time_us
+        start = self.clock_us
+        self.clock_us = start + time_us
+        totals = self.kernel_totals.get(key)
+        if totals is None:
+            self.kernel_totals[key] = [1, time_us]
+        else:
+            totals[0] += 1
+            totals[1] += time_us
+        by_stream = counters.launches_by_stream
+        by_stream[stream] = by_stream.get(stream, 0) + 1
+        sequence = self.submit(kernel, stream, nbytes)
+        if self.trace is not None:
+            self.trace.kernel(key, start, time_us, stream, sequence)
         return sequence
 
     def depth(self) -> int:
@@ -102,6 +154,7 @@ class ExecutionQueue:
             return
         fence = Fence()
         self.submit(fence)
+        self.ring()
         fence.event.wait()
 
     def wait(self) -> None:
@@ -120,23 +173,17 @@ class ExecutionQueue:
     def is_complete(self, sequence: int) -> bool:
         return self.completed >= sequence
 
-    # -- device side -----------------------------------------------------------------
-    def account(self, name: str, nbytes: int, time_us: float, stream) -> None:
-        counters = COUNTERS
-        counters.kernels_executed += 1
-        counters.bytes_moved += nbytes
-        counters.device_time_us += time_us
-        start = self.clock_us
-        self.clock_us = start + time_us
-        totals = self.kernel_totals.get(name)
-        if totals is None:
-            self.kernel_totals[name] = [1, time_us]
-        else:
-            totals[0] += 1
-            totals[1] += time_us
-        if self.trace is not None:
-            self.trace.kernel(name, start, time_us, stream, self.completed + 1)
+    def kernel_summary(self) -> dict:
+        """{kernel name: [launches, simulated us]}, merging overloads of one op."""
+        summary: dict = {}
+        for key, (launches, time_us) in list(self.kernel_totals.items()):
+            name = key if isinstance(key, str) else key._schema.name
+            entry = summary.setdefault(name, [0, 0.0])
+            entry[0] += launches
+            entry[1] += time_us
+        return summary
 
+    # -- device side -----------------------------------------------------------------
     def fail(self, failure: KernelFailure, written) -> None:
         self.poison_seen = True
         for storage in written:
@@ -159,14 +206,22 @@ class ExecutionQueue:
     def _run(self) -> None:
         get = self._items.get
         while True:
-            item = get()
-            if self.trace is not None:
-                started = time.perf_counter()
-                item.launch(self)
-                self.trace.real_duration(started, time.perf_counter())
-            else:
-                item.launch(self)
-            self.completed += 1
+            batch = get()
+            for index in range(len(batch)):
+                # Drop each kernel (and the tensors it holds) before running the next one:
+                # once a fence signals the host, the worker must hold no tensor, or a host
+                # that exits right away races the worker's deallocations and the process
+                # aborts during interpreter finalization.
+                item = batch[index]
+                batch[index] = None
+                if self.trace is None:
+                    item.launch(self)
+                else:
+                    started = time.perf_counter()
+                    item.launch(self)
+                    self.trace.executed(self.completed + 1, started, time.perf_counter())
+                item = None
+                self.completed += 1
 
     def reset_after_fork(self) -> None:
         self.__init__()

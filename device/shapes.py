@@ -41,6 +41,8 @@ class OutputSpec:
     __slots__ = ("shape", "stride", "dtype", "nbytes", "signature")
 
     def __init__(self, meta: torch.Tensor) -> None:
+        if meta.layout != torch.strided:
+            raise NotImplementedError(f"{meta.layout} tensors are not supported on the neuron device")
         self.shape = tuple(meta.shape)
         self.stride = tuple(meta.stride())
         self.dtype = meta.dtype
@@ -65,20 +67,41 @@ class Inference:
         self.resized = resized
 
 
-def _batch_norm_eval(op, args, kwargs):
-    # The CPU kernel returns empty save_mean/save_invstd when not training; the meta
-    # kernel returns per-channel ones.
-    output, mean, invstd = op(*args, **kwargs)
-    training = args[5] if len(args) > 5 else kwargs.get("training")
-    if not training:
-        mean, invstd = mean.new_empty(0), invstd.new_empty(0)
-    return output, mean, invstd
+def _probe_on_cpu(op, meta_args, meta_kwargs):
+    """Output metadata as the CPU kernel gives it: run the op once on zero-filled CPU
+    tensors of the same shapes (only for ops whose output metadata does not depend on the
+    data, and zeros are valid inputs: indices, offsets and statistics alike)."""
+
+    def cpu(value):
+        if isinstance(value, torch.Tensor):
+            return torch.zeros_like(value, device="cpu")
+        if isinstance(value, (list, tuple)):
+            return type(value)(cpu(v) for v in value)
+        if isinstance(value, torch.device):
+            return torch.device("cpu")
+        return value
+
+    result = op(*cpu(meta_args), **{k: cpu(v) for k, v in meta_kwargs.items()})
+    if isinstance(result, torch.Tensor):
+        return result.to("meta")
+    return type(result)(r.to("meta") if isinstance(r, torch.Tensor) else r for r in result)
 
 
-# Ops whose meta kernel disagrees with the CPU kernel on output metadata: op -> a function
-# (op, meta_args, meta_kwargs) that returns what the CPU kernel returns.
+_aten = torch.ops.aten
+# Ops whose meta kernel disagrees with the CPU kernel on output metadata (found by the
+# OpInfo sweep, bench/op_coverage.py). Their shapes come from a CPU probe instead:
+# - batch norm in eval mode: the CPU returns empty save_mean/save_invstd;
+# - embedding_bag: offset2bag and max_indices depend on the mode differently.
 META_OVERRIDES = {
-    torch.ops.aten.native_batch_norm.default: _batch_norm_eval,
+    op: _probe_on_cpu
+    for op in (
+        _aten.native_batch_norm.default,
+        _aten._native_batch_norm_legit.default,
+        _aten._native_batch_norm_legit.no_stats,
+        _aten._native_batch_norm_legit_no_training.default,
+        _aten._embedding_bag.default,
+        _aten._embedding_bag_forward_only.default,
+    )
 }
 
 

@@ -108,16 +108,20 @@ class DeviceStorage:
 
     def adopt(self, result: torch.Tensor) -> None:
         """Make a kernel's result this storage's contents (no copy when possible)."""
-        if self.data is None:
-            with _MATERIALIZE_LOCK:
-                if (
-                    self.data is None
-                    and result.shape == self.shape
-                    and result.stride() == self.stride
-                    and result.dtype == self.dtype
-                    and result.storage_offset() == 0
-                    and not result._is_view()
-                ):
-                    self.data = result
-                    return
+        with _MATERIALIZE_LOCK:
+            if (
+                self.data is None
+                and result.stride() == self.stride
+                and result.shape == self.shape
+                and result.dtype is self.dtype
+                and result.storage_offset() == 0
+            ):
+                self.data = result
+                return
+        if result.shape != self.shape:
+            raise RuntimeError(
+                f"the kernel produced a tensor of shape {tuple(result.shape)} where shape "
+                f"inference predicted {self.shape}; this is a bug in the device's shape "
+                "inference for this op (device/shapes.py, META_OVERRIDES)"
+            )
         self.materialize().copy_(result)

@@ -21,11 +21,8 @@ class StrictSink:
     name = "strict"
 
     def record(self, record) -> None:
-        counters = COUNTERS
-        counters.kernels_launched += 1
-        stream = record.stream
-        counters.launches_by_stream[stream] += 1
-        QUEUE.submit(record, stream)
+        cost = record.cost
+        QUEUE.launch(record, record.op, cost[0], cost[2], record.stream)
         if CONFIG.launch_blocking:
             QUEUE.wait()
 

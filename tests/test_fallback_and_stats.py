@@ -1,0 +1,95 @@
+"""CPU fallback for ops the device lacks, and the statistics contract."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import adaptive_eager
+from adaptive_eager.device.config import CONFIG
+from conftest import assert_same
+
+CONTRACT_KEYS = {
+    "mode", "ops_recorded", "kernels_launched", "fused_kernels", "ops_fused", "flushes",
+    "patterns", "kernel_cache", "plan_cache", "fallback_ops", "bytes_moved", "bytes_saved",
+    "device_time_us", "errors",
+}
+
+
+def test_op_without_meta_kernel_falls_back_and_is_counted():
+    x = torch.randn(20)
+    result = torch.histc(x.to("neuron"), bins=5)  # data-dependent on the CPU, runs there
+    assert_same(result, torch.histc(x, bins=5))
+    a = torch.randn(4, 3)
+    q, tau = torch.geqrf(a.to("neuron"))  # no meta kernel
+    expected_q, expected_tau = torch.geqrf(a)
+    assert_same(q, expected_q)
+    assert adaptive_eager.stats()["fallback_ops"] == {"aten::geqrf": 1}
+
+
+def test_fallback_can_be_forbidden():
+    CONFIG.fallback = False
+    with pytest.raises(NotImplementedError, match="aten::geqrf is not supported on the neuron device.*NEURON_FALLBACK=0"):
+        torch.geqrf(torch.randn(4, 3, device="neuron"))
+
+
+def test_data_dependent_ops_sync_and_match():
+    x = torch.tensor([0.0, 1.5, 0.0, -2.0])
+    d = x.to("neuron")
+    assert_same(d.nonzero(), x.nonzero())
+    assert_same(d[d != 0], x[x != 0])
+    assert_same(torch.unique(d), torch.unique(x))
+    stats = adaptive_eager.stats()
+    assert any(reason.startswith("data_dependent") for reason in stats["sync_points"])
+
+
+def test_strict_statistics_count_exactly():
+    x = torch.ones(8, device="neuron")  # empty + fill_: one kernel
+    y = (x * 2 + 1).relu()  # three kernels
+    v = y.view(2, 4)  # a view: no kernel, not an op
+    v.sum().item()  # one kernel, then a host read
+    stats = adaptive_eager.stats()
+    assert CONTRACT_KEYS <= set(stats)
+    assert stats["mode"] == "strict"
+    assert stats["ops_recorded"] == 5
+    assert stats["kernels_launched"] == 5
+    assert stats["fused_kernels"] == 0 and stats["ops_fused"] == 0
+    assert stats["view_ops"] == 1
+    assert stats["errors"] == {"deferred": 0, "raised": 0}
+    # fill_ writes 32 B; mul/add/relu read 32 and write 32 each; sum reads 32, writes 4
+    assert stats["bytes_moved"] == 32 + 3 * 64 + 36
+    # each kernel: 10 us launch overhead + bytes / 2.9 TB/s (memory-bound); reported to 1 ns
+    assert stats["device_time_us"] == round(5 * 10.0 + (32 + 3 * 64 + 36) / 2.9e12 * 1e6, 3)
+
+
+def test_reset_stats_zeroes_everything():
+    (torch.ones(3, device="neuron") + 1).cpu()
+    adaptive_eager.reset_stats()
+    stats = adaptive_eager.stats()
+    assert stats["ops_recorded"] == 0 and stats["kernels_launched"] == 0 and stats["bytes_moved"] == 0
+
+
+def test_stats_file_written_at_exit(tmp_path):
+    path = tmp_path / "stats.json"
+    code = "import torch; (torch.ones(4, device='neuron') * 3).sum().item()"
+    env = dict(os.environ, NEURON_FUSION_STATS=str(path))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+    data = json.loads(path.read_text())
+    assert CONTRACT_KEYS <= set(data)
+    assert data["kernels_launched"] == 3
+
+
+def test_memory_accounting_follows_tensor_lifetimes():
+    torch.neuron.synchronize()
+    before = torch.neuron.memory_allocated()
+    x = torch.empty(1024, device="neuron")  # 4 KiB, rounded to 512 B blocks
+    assert torch.neuron.memory_allocated() == before + 4096
+    del x
+    torch.neuron.synchronize()
+    assert torch.neuron.memory_allocated() == before
+    torch.neuron.reset_peak_memory_stats()
+    y = torch.empty(2048, device="neuron")
+    assert torch.neuron.max_memory_allocated() == before + 8192
+    del y

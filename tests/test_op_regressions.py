@@ -1,0 +1,53 @@
+"""Ops that once went wrong on `neuron`, each checked against the CPU."""
+import pytest
+import torch
+
+from conftest import assert_same
+
+
+def test_single_tensor_list_results():
+    x = torch.randn(5, 5)
+    assert_same(list(x.to("neuron").unsafe_split(5, 1)), list(x.unsafe_split(5, 1)))
+    assert_same(torch._foreach_add([x.to("neuron")], 1.0), torch._foreach_add([x], 1.0))
+
+
+def test_foreach_adam_on_a_single_parameter():
+    def run(device):
+        torch.manual_seed(0)
+        p = torch.nn.Parameter(torch.randn(4, device=device))
+        opt = torch.optim.Adam([p], lr=0.1, foreach=True)
+        for _ in range(3):
+            opt.zero_grad()
+            (p * p).sum().backward()
+            opt.step()
+        return p.detach()
+
+    assert_same(run("neuron"), run("cpu"))
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_modes(mode):
+    torch.manual_seed(0)
+    bag = torch.nn.EmbeddingBag(10, 5, mode=mode)
+    indices, offsets = torch.tensor([1, 2, 4, 5, 4]), torch.tensor([0, 3])
+    expected = bag(indices, offsets)
+    result = bag.to("neuron")(indices.to("neuron"), offsets.to("neuron"))
+    assert_same(result, expected.detach())
+
+
+def test_batch_norm_functional_in_eval_and_training():
+    x, rm, rv = torch.randn(3, 2, 4), torch.zeros(2), torch.ones(2)
+    a = torch.ops.aten
+    for training in (False, True):
+        cpu = a._native_batch_norm_legit(x, None, None, rm.clone(), rv.clone(), training, 0.1, 1e-5)
+        dev = a._native_batch_norm_legit(x.to("neuron"), None, None, rm.to("neuron"), rv.to("neuron"), training, 0.1, 1e-5)
+        assert [t.shape for t in dev] == [t.shape for t in cpu]
+        assert_same(dev[0], cpu[0])
+
+
+def test_sparse_tensors_are_refused_clearly():
+    x = torch.randn(3, 3)
+    with pytest.raises(NotImplementedError, match="sparse_coo tensors are not supported"):
+        x.to_sparse().to("neuron")
+    with pytest.raises(NotImplementedError, match="not supported on the neuron device"):
+        x.to_sparse_csr().to("neuron")
