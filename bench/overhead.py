@@ -1,13 +1,14 @@
 """Host overhead per op, in one run: CPU eager, the thinnest possible Python device (a
 pass-through ``__torch_dispatch__`` wrapper), and ``neuron`` in strict and adaptive mode.
 
-    python bench/overhead.py [--ops 2000] [--repeats 7] [--json]
+    python bench/overhead.py [--ops 1000] [--repeats 21] [--json]
 
 For each mode, the same chain of small elementwise ops (a 64-element tensor, so kernel
-time is negligible and the host's per-op cost dominates) is issued ``--ops`` times.
-``neuron`` reports two figures: host (time to issue the ops; the device works
-concurrently on the other core) and host+device (until a final synchronize). Each figure
-is the median of ``--repeats`` runs; ratios are taken within this run, never across runs.
+time is negligible and the host's per-op cost dominates) is issued ``--ops`` times, then
+synchronized, like one training step. ``neuron`` reports two figures: host (time to issue
+the ops; the device worker runs concurrently when the host rings its doorbell) and
+host+device (until the synchronize returns). Each figure is the median of ``--repeats``
+steps; ratios are taken within this run, never across runs.
 Results go to ``bench/results/overhead.json``.
 """
 from __future__ import annotations
@@ -118,8 +119,8 @@ class _null:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ops", type=int, default=5000)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--ops", type=int, default=1000, help="ops per step (then a sync)")
+    parser.add_argument("--repeats", type=int, default=21, help="steps; the median is reported")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -131,7 +132,7 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
-    print(f"host overhead per op ({args.ops} small elementwise ops, median of {args.repeats})")
+    print(f"host overhead per op (steps of {args.ops} small elementwise ops, median of {args.repeats} steps)")
     print(f"{'mode':<22}{'host us/op':>12}{'host+device us/op':>20}{'host / passthrough':>20}")
     for name, value in results.items():
         total = value.get("host_and_device_us_per_op")
