@@ -39,4 +39,21 @@ def synchronize() -> None:
     _synchronize("synchronize")
 
 
-__all__ = ["NeuronRuntimeError", "PoisonedTensorError", "reset_stats", "stats", "synchronize"]
+def inject_fault(op_name: str, nth: int = 1) -> None:
+    """Fault injection for tests: the ``nth`` kernel (from now) running ``op_name``
+    (``"aten::mul"`` or ``"mul"``) fails on the device. Same as ``NEURON_SIM_FAULT``."""
+    from .device.queue import QUEUE
+
+    QUEUE.inject_fault(op_name, nth)
+
+
+def clear_faults() -> None:
+    from .device.queue import QUEUE
+
+    QUEUE.clear_faults()
+
+
+__all__ = [
+    "NeuronRuntimeError", "PoisonedTensorError", "clear_faults", "inject_fault", "reset_stats",
+    "stats", "synchronize",
+]

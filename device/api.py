@@ -13,6 +13,7 @@ from . import random as _random
 from .config import CONFIG
 from .cost_model import PROFILE
 from .storage import MEMORY
+from .streams import Event, Stream, current_stream, default_stream, set_stream, stream  # noqa: F401
 from .sync import synchronize as _synchronize
 
 # -- device ------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ Entry point: :func:`register` (idempotent). It runs on ``import torch`` through 
    tensor argument yet names the device (factories: ``torch.zeros(..., device='neuron')``)
    and sends it to the dispatcher, like every op on a ``NeuronTensor``;
 3. registers mixed precision for ``torch.autocast('neuron')`` (``device/autocast.py``);
-4. makes ``torch.accelerator.synchronize()`` a device sync point (PyTorch's Python device
-   guard cannot synchronize).
+4. routes ``torch.accelerator.synchronize``, ``current_stream`` and ``set_stream`` to
+   ``torch.neuron`` (PyTorch's Python device guard cannot synchronize or hold streams).
 """
 from __future__ import annotations
 
@@ -66,20 +66,29 @@ def _explicit_kernel(op):
     return kernel
 
 
-def _patch_accelerator_synchronize() -> None:
-    original = torch.accelerator.synchronize
-    if getattr(original, "_neuron_patched", False):
+def _route_to_neuron(name: str, neuron_function) -> None:
+    """Make ``torch.accelerator.<name>`` call ``neuron_function`` when the accelerator is
+    neuron. PyTorch's Python device guard has no hooks for synchronizing or for streams
+    (its C++ methods are fixed no-ops), so these few functions are routed here instead."""
+    original = getattr(torch.accelerator, name)
+    if getattr(original, "_neuron_routed", False):
         return
 
     @functools.wraps(original)
-    def synchronize(device=None):
+    def routed(*args, **kwargs):
         accelerator = torch.accelerator.current_accelerator()
         if accelerator is not None and accelerator.type == "neuron":
-            return api.synchronize(device)
-        return original(device)
+            return neuron_function(*args, **kwargs)
+        return original(*args, **kwargs)
 
-    synchronize._neuron_patched = True
-    torch.accelerator.synchronize = synchronize
+    routed._neuron_routed = True
+    setattr(torch.accelerator, name, routed)
+
+
+def _patch_accelerator() -> None:
+    _route_to_neuron("synchronize", api.synchronize)
+    _route_to_neuron("current_stream", api.current_stream)
+    _route_to_neuron("set_stream", api.set_stream)
 
 
 def register() -> None:
@@ -104,11 +113,14 @@ def register() -> None:
         explicit.impl(name, _explicit_kernel(getattr(torch.ops.aten, name).default), "PrivateUse1")
     _STATE["libraries"].append(explicit)
     register_autocast()
-    _patch_accelerator_synchronize()
+    _patch_accelerator()
     from .tensor import NeuronTensor  # noqa: F401  (imports the dispatcher)
     from .queue import QUEUE
 
     atexit.register(QUEUE.drain)
+    from .trace import start_from_environment
+
+    start_from_environment()
     _freeze_import_time_objects()
     _STATE["registered"] = True
 

@@ -15,6 +15,8 @@ walks. ``bench/overhead.py`` measures it.
 """
 from __future__ import annotations
 
+from time import perf_counter
+
 import torch
 
 from . import sync as _sync
@@ -23,7 +25,7 @@ from .errors import poisoned_read_error
 from .kernel import OpRecord
 from .location import capture_location
 from .metrics import COUNTERS
-from .op_table import _ENTRIES, COPY, DATA_DEPENDENT, HOST_READ, KERNEL, METADATA, VIEW, op_entry
+from .op_table import _ENTRIES, COPY, DATA_DEPENDENT, HOST_READ, KERNEL, METADATA, NO_OP, VIEW, op_entry
 from .queue import QUEUE
 from .random import GENERATOR
 from .shapes import NO_META, SHAPE_CACHE, MetaRejected, infer
@@ -146,11 +148,15 @@ def dispatch(func, args, kwargs):
         return run_on_host(entry, args, kwargs or {}, "data_dependent")
     if kind is METADATA:
         return run_metadata(entry, args, kwargs or {})
+    if kind is NO_OP:
+        return None
     raise AssertionError(f"unknown op kind {kind}")
 
 
 def launch(entry, args, kwargs):
     """Record a kernel: outputs now, computation on the queue."""
+    trace = QUEUE.trace
+    started = perf_counter() if trace is not None else 0.0
     if entry.rewrite is not None:
         entry = entry.rewrite
     key, refs, kwrefs, reads, nested = _record_call(entry, args, kwargs)
@@ -184,8 +190,8 @@ def launch(entry, args, kwargs):
         entry.op, refs, kwrefs, nested, reads, writes, results, capture_location(), inference.cost, key, _STREAMS.current
     )
     COUNTERS.ops_recorded += 1
-    if QUEUE.trace is not None:
-        QUEUE.trace.issue(record)
+    if trace is not None:
+        trace.issue(record, started)
     _sync._sink.record(record)
     return _build_return(entry, inference.structure, outputs, args, kwargs)
 

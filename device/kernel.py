@@ -55,7 +55,10 @@ class OpRecord:
     - ``location``: the user's line that issued it (raw; ``location.describe`` formats).
     """
 
-    __slots__ = ("op", "args", "kwargs", "nested", "reads", "writes", "results", "location", "cost", "key", "stream")
+    __slots__ = (
+        "op", "args", "kwargs", "nested", "reads", "writes", "results", "location", "cost", "key",
+        "stream", "trace_id",
+    )
 
     def __init__(self, op, args, kwargs, nested, reads, writes, results, location, cost, key, stream):
         self.op = op
@@ -69,6 +72,7 @@ class OpRecord:
         self.cost = cost
         self.key = key
         self.stream = stream
+        self.trace_id = 0  # set by the timeline (device/trace.py) while tracing
 
     @property
     def name(self) -> str:

@@ -13,6 +13,8 @@ Kinds (plain strings, compared by identity on the hot path):
   a sync point.
 - ``DATA_DEPENDENT``: output shape depends on the data (``nonzero``, ``unique``): a sync
   point, then the op runs as one blocking launch.
+- ``NO_OP``: nothing to do on this device (``record_stream``: memory is already freed
+  in stream order, since a storage lives until the last kernel using it has run).
 """
 from __future__ import annotations
 
@@ -24,9 +26,11 @@ KERNEL = "kernel"
 COPY = "copy"
 HOST_READ = "host_read"
 DATA_DEPENDENT = "data_dependent"
+NO_OP = "no_op"
 
 aten = torch.ops.aten
 
+_NO_OPS = {aten.record_stream.default}
 # Ops that only allocate: no kernel runs (as on CUDA, torch.empty launches nothing).
 _ALLOCATIONS = {aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
                 aten.new_empty_strided.default, aten.empty_like.default}
@@ -81,7 +85,9 @@ class OpEntry:
         )
         self.allocation = op in _ALLOCATIONS
         self.rewrite = None  # the OpEntry of the op the device runs instead (random.py)
-        if op in _COPY_OPS:
+        if op in _NO_OPS:
+            self.kind = NO_OP
+        elif op in _COPY_OPS:
             self.kind = COPY
         elif op.is_view:
             self.kind = VIEW

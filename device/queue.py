@@ -24,6 +24,8 @@ import queue as _queue
 import threading
 import time
 
+import torch
+
 from .errors import FailureState, KernelFailure, NeuronRuntimeError
 from .metrics import COUNTERS
 
@@ -141,7 +143,7 @@ class ExecutionQueue:
         by_stream[stream] = by_stream.get(stream, 0) + 1
         sequence = self.submit(kernel, stream, nbytes)
         if self.trace is not None:
-            self.trace.kernel(key, start, time_us, stream, sequence)
+            self.trace.kernel(kernel, key, start, time_us, stream, sequence)
         return sequence
 
     def depth(self) -> int:
@@ -207,6 +209,7 @@ class ExecutionQueue:
         get = self._items.get
         while True:
             batch = get()
+            profiling = torch.autograd.profiler._is_profiler_enabled
             for index in range(len(batch)):
                 # Drop each kernel (and the tensors it holds) before running the next one:
                 # once a fence signals the host, the worker must hold no tensor, or a host
@@ -214,14 +217,33 @@ class ExecutionQueue:
                 # aborts during interpreter finalization.
                 item = batch[index]
                 batch[index] = None
-                if self.trace is None:
+                if self.trace is None and not profiling:
                     item.launch(self)
                 else:
-                    started = time.perf_counter()
-                    item.launch(self)
-                    self.trace.executed(self.completed + 1, started, time.perf_counter())
+                    self._launch_observed(item, profiling)
                 item = None
                 self.completed += 1
+
+    def _launch_observed(self, item, profiling: bool) -> None:
+        """Launch under the timeline and/or ``torch.profiler`` (a ``neuron::`` range)."""
+        started = time.perf_counter()
+        if profiling and (hasattr(item, "op") or hasattr(item, "records")):
+            name = getattr(item, "name", "kernel")
+            with torch.autograd.profiler.record_function(f"neuron::{name}"):
+                item.launch(self)
+        else:
+            item.launch(self)
+        if self.trace is not None:
+            self.trace.executed(self.completed + 1, started, time.perf_counter())
+
+    def inject_fault(self, op_name: str, nth: int = 1) -> None:
+        """Make the ``nth`` kernel running ``op_name`` fail (counted from now)."""
+        if self.faults is None:
+            self.faults = FaultInjector()
+        self.faults.add(op_name, nth)
+
+    def clear_faults(self) -> None:
+        self.faults = None
 
     def reset_after_fork(self) -> None:
         self.__init__()

@@ -1,12 +1,195 @@
-"""Streams and events on the one hardware queue (placeholder: the default stream only)."""
+"""Streams and events, all on the one hardware execution queue.
+
+Entry points: :class:`Stream`, :class:`Event`, :func:`current_stream`,
+:func:`default_stream`, :func:`set_stream`, :func:`stream` (context manager); exported as
+``torch.neuron.*`` and reachable through ``torch.accelerator``.
+
+TorchNeuron states this limit frankly, and so do we: every stream maps onto a single
+hardware queue. Order is always kept (work on stream B issued after work on stream A runs
+after it, with or without ``wait_stream``), and no stream gets an engine of its own, so
+streams never overlap. What a stream still gives: a name for work in the statistics
+(launches per stream) and the trace, ``query``/``synchronize`` of its own last item, and
+events.
+
+Events carry *simulated* device time: ``elapsed_time`` is the simulated milliseconds the
+queue spent between the two events (kernel costs from the cost model), not host time.
+
+The current stream is process-wide, not per thread: the autograd engine's thread then
+launches backward kernels on the stream the forward ran on, as on CUDA.
+"""
 from __future__ import annotations
+
+import contextlib
+import itertools
+
+import torch
+
+from . import sync as _sync
+from .metrics import COUNTERS
+from .queue import QUEUE, Fence
+
+_DEVICE_TYPE = torch._C._autograd.DeviceType.PrivateUse1
+_ids = itertools.count(1)
 
 
 class StreamState:
     __slots__ = ("current",)
 
     def __init__(self) -> None:
-        self.current = 0
+        self.current = 0  # id of the current stream (0: the default stream)
 
 
 STATE = StreamState()
+
+
+def _check_device(device) -> None:
+    if device is None:
+        return
+    device = torch.device(device) if not isinstance(device, torch.device) else device
+    if device.type != "neuron" or (device.index or 0) != 0:
+        raise ValueError(f"Expected the neuron:0 device, but got {device}")
+
+
+class Stream(torch.Stream):
+    """A neuron stream. All streams share the one hardware queue (see module docstring)."""
+
+    def __new__(cls, device=None, priority: int = 0, *, _stream_id=None, **kwargs):
+        _check_device(device)
+        stream_id = next(_ids) if _stream_id is None else _stream_id
+        self = super().__new__(cls, stream_id=stream_id, device_index=0, device_type=int(_DEVICE_TYPE))
+        self._priority = priority
+        return self
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    @property
+    def priority(self) -> int:
+        return self._priority
+
+    def query(self) -> bool:
+        """True when everything issued on this stream has run."""
+        _sync.flush("stream_query")
+        last = QUEUE.last_on_stream.get(self.stream_id, 0)
+        if last > QUEUE.completed:
+            QUEUE.ring()
+        return QUEUE.completed >= last
+
+    def synchronize(self) -> None:
+        """Wait for this stream's work (a sync point; rethrows deferred errors)."""
+        _sync.synchronize("stream_synchronize")
+
+    def wait_stream(self, stream) -> None:
+        # One in-order queue: the other stream's work already runs before ours.
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def record_event(self, event=None):
+        event = event if event is not None else Event()
+        event.record(self)
+        return event
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, torch.Stream) and other.stream_id == self.stream_id and other.device_type == self.device_type
+
+    def __hash__(self) -> int:
+        return hash((self.stream_id, "neuron"))
+
+    def __repr__(self) -> str:
+        return f"<torch.neuron.Stream device=neuron:0 stream_id={self.stream_id}>"
+
+
+_DEFAULT = Stream(_stream_id=0)
+_streams_by_id = {0: _DEFAULT}
+
+
+def default_stream(device=None) -> Stream:
+    _check_device(device)
+    return _DEFAULT
+
+
+def current_stream(device=None) -> Stream:
+    _check_device(device)
+    return _streams_by_id.get(STATE.current, _DEFAULT)
+
+
+def set_stream(stream: Stream) -> None:
+    """Make ``stream`` current. A stream change is a fusion boundary (it flushes the
+    adaptive window), so no fused kernel spans two streams."""
+    if stream is None:
+        return
+    stream_id = stream.stream_id
+    if stream_id == STATE.current:
+        return
+    _sync.flush("stream_change")
+    if stream_id not in _streams_by_id:
+        _streams_by_id[stream_id] = stream if isinstance(stream, Stream) else Stream(_stream_id=stream_id)
+    STATE.current = stream_id
+
+
+@contextlib.contextmanager
+def stream(stream):
+    """``with torch.neuron.stream(s):`` runs the block with ``s`` current."""
+    if stream is None:
+        yield
+        return
+    previous = current_stream()
+    set_stream(stream)
+    try:
+        yield
+    finally:
+        set_stream(previous)
+
+
+class Event:
+    """A neuron event. Its timestamp is the simulated device clock when the queue reaches
+    it, which is known at record time: one in-order queue never reorders work."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        self.enable_timing = enable_timing
+        self.blocking = blocking
+        self._marker: Fence | None = None  # the queue item the record put on the queue
+        self._sequence = 0
+        self._clock_us: float | None = None
+
+    def record(self, stream: Stream | None = None) -> None:
+        stream = stream if stream is not None else current_stream()
+        _sync.flush("event_record")
+        self._marker = Fence()
+        self._clock_us = QUEUE.clock_us
+        self._sequence = QUEUE.submit(self._marker, stream.stream_id)
+
+    def query(self) -> bool:
+        if self._marker is None:
+            return True
+        QUEUE.ring()
+        return self._marker.event.is_set()
+
+    def wait(self, stream: Stream | None = None) -> None:
+        # Work issued after this on any stream already runs after the recorded point.
+        pass
+
+    def synchronize(self) -> None:
+        """Wait until the queue reaches this event (a sync point; rethrows errors)."""
+        if self._marker is None:
+            return
+        COUNTERS.sync_points["event_synchronize"] += 1
+        QUEUE.ring()
+        self._marker.event.wait()
+        QUEUE.raise_pending()
+
+    def elapsed_time(self, end_event: "Event") -> float:
+        """Simulated device milliseconds between this event and ``end_event``."""
+        if not (self.enable_timing and end_event.enable_timing):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        if self._clock_us is None or end_event._clock_us is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        if not (self.query() and end_event.query()):
+            raise RuntimeError("Both events must be completed before calculating elapsed time.")
+        return (end_event._clock_us - self._clock_us) / 1000.0
+
+    def __repr__(self) -> str:
+        state = "unrecorded" if self._marker is None else ("complete" if self.query() else "pending")
+        return f"<torch.neuron.Event {state}>"

@@ -1,0 +1,85 @@
+"""Streams and events on the single hardware queue."""
+import torch
+
+import adaptive_eager
+from conftest import assert_same
+
+
+def test_streams_share_one_queue_and_keep_issue_order():
+    a, b = torch.neuron.Stream(), torch.neuron.Stream()
+    x = torch.randn(256, 256)
+    with torch.neuron.stream(a):
+        produced = (x.to("neuron") @ x.to("neuron")).relu()  # producer on stream A
+    with torch.neuron.stream(b):
+        consumed = produced * 2 + 1  # consumer on stream B, no wait_stream
+    assert_same(consumed, (x @ x).relu() * 2 + 1)
+
+
+def test_launches_are_counted_per_stream():
+    s = torch.neuron.Stream()
+    x = torch.ones(4, device="neuron")  # default stream: 1 launch (fill_)
+    with torch.neuron.stream(s):
+        y = x + 1  # stream s: 2 launches
+        y.mul_(3)
+    torch.neuron.synchronize()
+    assert adaptive_eager.stats()["launches_by_stream"] == {"0": 1, str(s.stream_id): 2}
+
+
+def test_current_default_set_stream_and_accelerator():
+    default = torch.neuron.default_stream()
+    assert torch.neuron.current_stream() == default and default.stream_id == 0
+    s = torch.neuron.Stream()
+    torch.neuron.set_stream(s)
+    try:
+        assert torch.neuron.current_stream() == s
+        assert torch.accelerator.current_stream() == s
+    finally:
+        torch.neuron.set_stream(default)
+    torch.accelerator.set_stream(s)
+    assert torch.neuron.current_stream() == s
+    torch.accelerator.set_stream(default)
+    assert isinstance(s, torch.Stream) and s.device == torch.device("neuron", 0)
+
+
+def test_stream_query_synchronize_wait_stream_record_stream():
+    s = torch.neuron.Stream()
+    with torch.neuron.stream(s):
+        y = torch.randn(64, 64, device="neuron") @ torch.randn(64, 64, device="neuron")
+    s.wait_stream(torch.neuron.current_stream())
+    torch.neuron.current_stream().wait_stream(s)
+    y.record_stream(s)
+    s.synchronize()
+    assert s.query()
+    assert torch.neuron.current_stream().query()
+
+
+def test_event_elapsed_time_is_simulated_device_time():
+    start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+    a = torch.ones(1024, 1024, dtype=torch.bfloat16, device="neuron")
+    start.record()
+    b = a @ a  # compute-bound: 2 * 1024^3 FLOPs at 667 TFLOP/s, plus 10 us launch
+    end.record()
+    end.synchronize()
+    assert start.query() and end.query()
+    expected_us = 10.0 + 2 * 1024**3 / 667e12 * 1e6
+    assert abs(start.elapsed_time(end) - expected_us / 1000) < 1e-9
+    assert b.dtype == torch.bfloat16
+
+
+def test_event_wait_and_stream_record_event():
+    s = torch.neuron.Stream()
+    e = s.record_event()
+    e.wait(torch.neuron.current_stream())
+    torch.neuron.current_stream().wait_event(e)
+    e.synchronize()
+    assert e.query()
+
+
+def test_elapsed_time_requires_timing_events():
+    import pytest
+
+    a, b = torch.neuron.Event(), torch.neuron.Event()
+    a.record()
+    b.record()
+    with pytest.raises(RuntimeError, match="enable_timing=True"):
+        a.elapsed_time(b)
