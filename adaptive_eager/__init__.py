@@ -5,6 +5,8 @@ too, through the ``torch.backends`` entry point) and gives the runtime's public 
 
 - ``stats()``, ``reset_stats()``: the fusion-statistics dump (also written as JSON at
   exit to ``NEURON_FUSION_STATS=<path>``);
+- ``enable()``, ``disable()``, ``mode(adaptive)``: switch between strict and adaptive
+  eager (``NEURON_ADAPTIVE_EAGER=1`` enables adaptive eager at start-up);
 - ``synchronize()``: wait for the device, rethrow deferred errors;
 - ``NeuronRuntimeError``: what a deferred device error is raised as.
 """
@@ -27,11 +29,14 @@ import torch  # noqa: E402,F401
 from .device import NeuronRuntimeError, PoisonedTensorError  # noqa: E402
 from .device.location import add_internal_dir as _add_internal_dir  # noqa: E402
 from .device.sync import synchronize as _synchronize  # noqa: E402
+from .mode import disable, enable, is_enabled, mode  # noqa: E402
 from .stats import install_exit_dump as _install_exit_dump  # noqa: E402
 from .stats import reset_stats, stats  # noqa: E402
 
 _add_internal_dir(_here)
 _install_exit_dump()
+if _os.environ.get("NEURON_ADAPTIVE_EAGER", "0").strip().lower() not in ("", "0", "false", "no", "off"):
+    enable()
 
 
 def synchronize() -> None:
@@ -54,6 +59,6 @@ def clear_faults() -> None:
 
 
 __all__ = [
-    "NeuronRuntimeError", "PoisonedTensorError", "clear_faults", "inject_fault", "reset_stats",
-    "stats", "synchronize",
+    "NeuronRuntimeError", "PoisonedTensorError", "clear_faults", "disable", "enable", "inject_fault",
+    "is_enabled", "mode", "reset_stats", "stats", "synchronize",
 ]

@@ -17,7 +17,7 @@ from .device.cost_model import PROFILE
 from .device.metrics import COUNTERS
 from .device.queue import QUEUE
 from .device.storage import MEMORY
-from .device.sync import current_sink
+from .device.sync import current_sink, flush
 
 STATS_VERSION = 1
 
@@ -94,7 +94,9 @@ def stats() -> dict:
 
 
 def reset_stats() -> None:
-    """Zero every counter (cache contents are kept; their counters restart)."""
+    """Zero every counter (cache contents are kept; their counters restart). Ops still in
+    an adaptive window are launched first, so nothing recorded before is counted after."""
+    flush("reset_stats")
     QUEUE.drain()
     COUNTERS.reset()
     QUEUE.kernel_totals.clear()
@@ -115,6 +117,7 @@ def dump(path: str) -> None:
 def _dump_at_exit() -> None:
     path = os.environ.get("NEURON_FUSION_STATS")
     if path:
+        flush("exit")
         dump(path)
 
 

@@ -111,16 +111,55 @@ _WRITE_ONLY = {
 }
 
 
-def op_cost(op, args, kwargs, written) -> tuple[int, float, float]:
-    """(bytes, flops, time_us) of one op on meta tensors: every tensor argument is read,
-    every written tensor (outputs, and arguments mutated in place) is written."""
+class OpCost:
+    """What one op costs the device, from its meta tensors (cached per signature).
+
+    - ``bytes``, ``flops``, ``time_us``: the op as a kernel of its own;
+    - ``compute_us``: FLOPs / peak, the compute side of the roofline;
+    - ``read_bytes``/``write_bytes``/``result_bytes``: per device tensor read, per tensor
+      mutated in place, per fresh output (aligned with the record's ``reads``, ``writes``
+      and ``results``), so a fused kernel can count only what crosses its boundary;
+    - ``numel``: elements of the first tensor it writes (its iteration space);
+      ``input_numel``: elements of its largest input.
+    """
+
+    __slots__ = ("bytes", "flops", "time_us", "compute_us", "read_bytes", "write_bytes", "result_bytes", "numel", "input_numel")
+
+    def __init__(self, nbytes, flops, time_us, compute_us, read_bytes, write_bytes, result_bytes, numel, input_numel):
+        self.bytes = nbytes
+        self.flops = flops
+        self.time_us = time_us
+        self.compute_us = compute_us
+        self.read_bytes = read_bytes
+        self.write_bytes = write_bytes
+        self.result_bytes = result_bytes
+        self.numel = numel
+        self.input_numel = input_numel
+
+    def __repr__(self) -> str:
+        return f"OpCost(bytes={self.bytes}, flops={self.flops:.0f}, time_us={self.time_us:.3f})"
+
+
+def op_cost(op, args, kwargs, written, read_bytes=(), write_bytes=(), result_bytes=()) -> OpCost:
+    """The cost of one op on meta tensors: every tensor argument is read, every written
+    tensor (outputs, and arguments mutated in place) is written."""
     read = list(args) + list(kwargs.values())
     if op._schema.name in _WRITE_ONLY:
         read = read[1:]
     nbytes = sum(tensor_bytes(t) for t in _tensors(read))
     nbytes += sum(tensor_bytes(t) for t in _tensors(written))
     flops = op_flops(op, args, kwargs, written)
-    dtype = next((t.dtype for t in _tensors(written)), None)
-    if dtype is None:
-        dtype = next((t.dtype for t in _tensors(args)), torch.float32)
-    return nbytes, flops, PROFILE.kernel_time_us(nbytes, flops, dtype)
+    written = list(_tensors(written))
+    dtype = written[0].dtype if written else next((t.dtype for t in _tensors(args)), torch.float32)
+    inputs = list(_tensors(list(args) + list(kwargs.values())))
+    return OpCost(
+        nbytes,
+        flops,
+        PROFILE.kernel_time_us(nbytes, flops, dtype),
+        flops / PROFILE.peak_flops(dtype) * 1e6,
+        tuple(read_bytes),
+        tuple(write_bytes),
+        tuple(result_bytes),
+        written[0].numel() if written else 0,
+        max((t.numel() for t in inputs), default=0),
+    )

@@ -96,6 +96,10 @@ def _convert(entry, value, key, reads):
     return value
 
 
+def _is_device(value) -> bool:
+    return type(value) is NeuronTensor
+
+
 def _record_call(entry, args, kwargs):
     """Convert the call: (key parts, reference args, reference kwargs, storages read,
     whether a list argument holds references)."""
@@ -164,7 +168,7 @@ def launch(entry, args, kwargs):
     inference = SHAPE_CACHE.get(key)
     if inference is None:
         try:
-            inference = infer(entry, args, kwargs or {})
+            inference = infer(entry, args, kwargs or {}, _is_device)
         except MetaRejected:
             return run_on_host(entry, args, kwargs or {}, "meta_rejected")
         SHAPE_CACHE[key] = inference
@@ -190,9 +194,10 @@ def launch(entry, args, kwargs):
         entry.op, refs, kwrefs, nested, reads, writes, results, capture_location(), inference.cost, key, _STREAMS.current
     )
     COUNTERS.ops_recorded += 1
+    QUEUE.host_us += QUEUE.host_us_per_op
     if trace is not None:
         trace.issue(record, started)
-    _sync._sink.record(record)
+    _sync._sink.record(record, outputs)
     return _build_return(entry, inference.structure, outputs, args, kwargs)
 
 

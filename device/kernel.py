@@ -50,7 +50,7 @@ class OpRecord:
     - ``reads``: storages the op reads; ``writes``: storages it writes in place;
     - ``results``: fresh storages for its outputs, in return order (None where the op
       returns no tensor);
-    - ``cost``: (bytes, flops, simulated us) from the cost model;
+    - ``cost``: an ``OpCost`` from the cost model;
     - ``key``: the op and its argument metadata, the unit of the plan cache's keys;
     - ``location``: the user's line that issued it (raw; ``location.describe`` formats).
     """

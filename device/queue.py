@@ -26,6 +26,7 @@ import time
 
 import torch
 
+from .config import env_float
 from .errors import FailureState, KernelFailure, NeuronRuntimeError
 from .metrics import COUNTERS
 
@@ -79,7 +80,11 @@ class ExecutionQueue:
         self.poison_seen = False  # a storage was ever poisoned: kernels check their inputs
         spec = os.environ.get("NEURON_SIM_FAULT", "")
         self.faults: FaultInjector | None = FaultInjector(spec) if spec else None
-        self.clock_us = 0.0  # simulated device time, advanced by each kernel in order
+        # The simulated timeline (deterministic: costs only, never host timing):
+        self.clock_us = 0.0  # device busy time: the sum of launched kernels' times
+        self.host_us = 0.0  # host clock: host_us_per_op per issued op; waits at sync points
+        self.device_free_us = 0.0  # when the device finishes the last launched kernel
+        self.host_us_per_op = env_float("NEURON_SIM_HOST_US", 5.0)
         self.kernel_totals: dict[str, list] = {}  # kernel name -> [launches, simulated us]
         self.trace = None  # a device.trace.TraceRecorder while tracing
         self.last_on_stream: dict[int, int] = {}  # stream id -> sequence of its last item
@@ -133,6 +138,8 @@ class ExecutionQueue:
         counters.device_time_us += time_us
         start = self.clock_us
         self.clock_us = start + time_us
+        device_free = self.device_free_us
+        self.device_free_us = (device_free if device_free > self.host_us else self.host_us) + time_us
         totals = self.kernel_totals.get(key)
         if totals is None:
             self.kernel_totals[key] = [1, time_us]
@@ -147,8 +154,20 @@ class ExecutionQueue:
         return sequence
 
     def depth(self) -> int:
-        """Items submitted and not yet run: how far the host is ahead of the device."""
+        """Items submitted and not yet run by the worker thread (real, timing-dependent)."""
         return self.submitted - self.completed
+
+    def backlog_us(self) -> float:
+        """Simulated work queued ahead of the host: how long the device stays busy if the
+        host launches nothing more. At or below zero, the device is starved.
+
+        The simulated host issues one op every ``host_us_per_op`` (``NEURON_SIM_HOST_US``,
+        default 5 us: an *assumption*, about a CUDA eager framework's per-op host cost) and
+        waits for the device at sync points; kernels start when both the host has launched
+        them and the device is free. Being deterministic, it makes adaptive windows, plans
+        and statistics repeatable run to run.
+        """
+        return self.device_free_us - self.host_us
 
     def drain(self) -> None:
         """Wait until everything submitted so far has run. Raises nothing."""
@@ -162,6 +181,8 @@ class ExecutionQueue:
     def wait(self) -> None:
         """Drain, then rethrow the earliest deferred failure, if any, and clear it."""
         self.drain()
+        if self.device_free_us > self.host_us:
+            self.host_us = self.device_free_us  # the simulated host waited for the device
         self.raise_pending()
 
     def raise_pending(self) -> None:

@@ -117,8 +117,19 @@ def _to_meta(value):
     return value
 
 
-def infer(entry, args, kwargs) -> Inference | str:
-    """Shape inference for ``entry.op`` called on ``args``/``kwargs`` (device tensors)."""
+def _device_tensor_bytes(values, is_device):
+    """Bytes of each device tensor in ``values``, in the order the dispatcher records them
+    (arguments, then keyword arguments; lists in order)."""
+    for value in values:
+        if is_device(value):
+            yield value.numel() * value.element_size()
+        elif isinstance(value, (list, tuple)):
+            yield from _device_tensor_bytes(value, is_device)
+
+
+def infer(entry, args, kwargs, is_device=lambda value: False) -> Inference | str:
+    """Shape inference for ``entry.op`` called on ``args``/``kwargs``; ``is_device`` tells
+    device tensors apart (their bytes are kept per argument, for fusion's accounting)."""
     op = entry.op
     meta_args = _to_meta(args)
     meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
@@ -154,8 +165,24 @@ def infer(entry, args, kwargs) -> Inference | str:
         if isinstance(value, torch.Tensor) and (value.shape != before.shape or value.stride() != before.stride()):
             resized.append((index, name, OutputSpec(value)))
         written.extend(t for t in _flatten([value]) if isinstance(t, torch.Tensor))
-    cost = cost_model.op_cost(op, meta_args, meta_kwargs, written)
+    mutated_values = [args[i] if i < len(args) else kwargs.get(name) for i, name in entry.mutated]
+    cost = cost_model.op_cost(
+        op,
+        meta_args,
+        meta_kwargs,
+        written,
+        read_bytes=_device_tensor_bytes(list(args) + list(kwargs.values()), is_device),
+        write_bytes=_device_tensor_bytes(mutated_values, is_device),
+        result_bytes=[0 if spec is None else _numel(spec.shape) * spec.dtype.itemsize for spec in outputs],
+    )
     return Inference(outputs, structure, cost, tuple(resized))
+
+
+def _numel(shape) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
 
 
 def _flatten(values):

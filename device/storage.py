@@ -74,6 +74,7 @@ class DeviceStorage:
         allocated = books.allocated + rounded
         if allocated > CONFIG.hbm_bytes:
             books.ooms += 1
+            self.nbytes = None  # never allocated: __del__ has nothing to free
             raise _out_of_memory(rounded)
         books.allocated = allocated
         books.allocations += 1
@@ -91,6 +92,8 @@ class DeviceStorage:
         self.aliased = False  # a view of it exists: fusion must not drop its writes
 
     def __del__(self) -> None:
+        if self.nbytes is None:
+            return
         books = MEMORY
         books.allocated -= self.nbytes
         books.frees += 1

@@ -1,7 +1,8 @@
 """Where recorded ops go (the sink), and sync points.
 
-Entry points: :func:`submit` (hand a recorded op to the sink), :func:`synchronize` (a
-sync point), :func:`set_sink` (the adaptive runtime plugs its op window in here).
+Entry points: :func:`synchronize` (a sync point), :func:`flush` (launch what the sink
+holds), :func:`set_sink` (the adaptive runtime plugs its op window in here). The
+dispatcher hands each recorded op to ``current_sink().record``.
 
 The sink sits between op interception and the execution queue. The strict-eager sink
 launches every record at once. The adaptive runtime installs a sink that buffers records
@@ -20,9 +21,9 @@ class StrictSink:
 
     name = "strict"
 
-    def record(self, record) -> None:
+    def record(self, record, outputs=()) -> None:
         cost = record.cost
-        QUEUE.launch(record, record.op, cost[0], cost[2], record.stream)
+        QUEUE.launch(record, record.op, cost.bytes, cost.time_us, record.stream)
         if CONFIG.launch_blocking:
             QUEUE.wait()
 
@@ -39,17 +40,14 @@ def current_sink():
 
 
 def set_sink(sink) -> None:
-    """Install ``sink`` (an object with ``record(op_record)`` and ``flush(reason)``).
+    """Install ``sink`` (an object with ``record(op_record, output_tensors)`` and
+    ``flush(reason)``).
     The previous sink is flushed first, so no recorded op is lost."""
     global _sink
     if sink is _sink:
         return
     _sink.flush("mode_change")
     _sink = sink
-
-
-def submit(record) -> None:
-    _sink.record(record)
 
 
 def flush(reason: str) -> None:

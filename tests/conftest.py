@@ -12,15 +12,41 @@ from adaptive_eager.device.queue import QUEUE
 
 @pytest.fixture(autouse=True)
 def clean_device():
-    saved = (CONFIG.launch_blocking, CONFIG.fallback)
+    saved = (CONFIG.launch_blocking, CONFIG.fallback, adaptive_eager.is_enabled())
     QUEUE.drain()
     QUEUE.failures.take()
     adaptive_eager.reset_stats()
     yield
-    CONFIG.launch_blocking, CONFIG.fallback = saved
+    CONFIG.launch_blocking, CONFIG.fallback, adaptive = saved
+    try:
+        adaptive_eager.synchronize()
+    except adaptive_eager.NeuronRuntimeError:
+        pass
+    adaptive_eager.enable() if adaptive else adaptive_eager.disable()
     QUEUE.drain()
     QUEUE.failures.take()
     QUEUE.faults = None
+
+
+@pytest.fixture(params=["strict", "adaptive"])
+def any_mode(request):
+    """Run the test in strict eager and again in adaptive eager."""
+    adaptive_eager.enable() if request.param == "adaptive" else adaptive_eager.disable()
+    adaptive_eager.reset_stats()
+    return request.param
+
+
+@pytest.fixture
+def strict_mode():
+    """Exact strict-eager counts: one op, one launch."""
+    adaptive_eager.disable()
+    adaptive_eager.reset_stats()
+
+
+@pytest.fixture
+def adaptive_mode():
+    adaptive_eager.enable()
+    adaptive_eager.reset_stats()
 
 
 def assert_same(neuron_value, cpu_value, **tolerances):

@@ -11,6 +11,8 @@ import adaptive_eager
 from adaptive_eager import NeuronRuntimeError, PoisonedTensorError
 from adaptive_eager.device.config import CONFIG
 
+pytestmark = pytest.mark.usefixtures("any_mode")  # every test, in strict and adaptive eager
+
 THIS_FILE = os.path.basename(__file__)
 
 FAULTS = {

@@ -18,7 +18,7 @@ CONTRACT_KEYS = {
 }
 
 
-def test_op_without_meta_kernel_falls_back_and_is_counted():
+def test_op_without_meta_kernel_falls_back_and_is_counted(any_mode):
     x = torch.randn(20)
     result = torch.histc(x.to("neuron"), bins=5)  # data-dependent on the CPU, runs there
     assert_same(result, torch.histc(x, bins=5))
@@ -29,13 +29,13 @@ def test_op_without_meta_kernel_falls_back_and_is_counted():
     assert adaptive_eager.stats()["fallback_ops"] == {"aten::geqrf": 1}
 
 
-def test_fallback_can_be_forbidden():
+def test_fallback_can_be_forbidden(any_mode):
     CONFIG.fallback = False
     with pytest.raises(NotImplementedError, match="aten::geqrf is not supported on the neuron device.*NEURON_FALLBACK=0"):
         torch.geqrf(torch.randn(4, 3, device="neuron"))
 
 
-def test_data_dependent_ops_sync_and_match():
+def test_data_dependent_ops_sync_and_match(any_mode):
     x = torch.tensor([0.0, 1.5, 0.0, -2.0])
     d = x.to("neuron")
     assert_same(d.nonzero(), x.nonzero())
@@ -45,7 +45,7 @@ def test_data_dependent_ops_sync_and_match():
     assert any(reason.startswith("data_dependent") for reason in stats["sync_points"])
 
 
-def test_strict_statistics_count_exactly():
+def test_strict_statistics_count_exactly(strict_mode):
     x = torch.ones(8, device="neuron")  # empty + fill_: one kernel
     y = (x * 2 + 1).relu()  # three kernels
     v = y.view(2, 4)  # a view: no kernel, not an op
@@ -64,7 +64,7 @@ def test_strict_statistics_count_exactly():
     assert stats["device_time_us"] == round(5 * 10.0 + (32 + 3 * 64 + 36) / 2.9e12 * 1e6, 3)
 
 
-def test_reset_stats_zeroes_everything():
+def test_reset_stats_zeroes_everything(any_mode):
     (torch.ones(3, device="neuron") + 1).cpu()
     adaptive_eager.reset_stats()
     stats = adaptive_eager.stats()
@@ -74,14 +74,14 @@ def test_reset_stats_zeroes_everything():
 def test_stats_file_written_at_exit(tmp_path):
     path = tmp_path / "stats.json"
     code = "import torch; (torch.ones(4, device='neuron') * 3).sum().item()"
-    env = dict(os.environ, NEURON_FUSION_STATS=str(path))
+    env = dict(os.environ, NEURON_FUSION_STATS=str(path), NEURON_ADAPTIVE_EAGER="0")
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
     data = json.loads(path.read_text())
     assert CONTRACT_KEYS <= set(data)
     assert data["kernels_launched"] == 3
 
 
-def test_memory_accounting_follows_tensor_lifetimes():
+def test_memory_accounting_follows_tensor_lifetimes(any_mode):
     torch.neuron.synchronize()
     before = torch.neuron.memory_allocated()
     x = torch.empty(1024, device="neuron")  # 4 KiB, rounded to 512 B blocks

@@ -17,7 +17,7 @@ MIB = 1 << 20
 # -- memory ---------------------------------------------------------------------------
 
 
-def test_memory_stats_summary_and_empty_cache():
+def test_memory_stats_summary_and_empty_cache(any_mode):
     torch.neuron.synchronize()
     base = torch.neuron.memory_allocated()
     x = torch.empty(256 * 1024, device="neuron")  # 1 MiB
@@ -32,7 +32,7 @@ def test_memory_stats_summary_and_empty_cache():
     assert torch.neuron.memory_reserved() == base
 
 
-def test_out_of_memory_raises_at_allocation_and_loses_nothing():
+def test_out_of_memory_raises_at_allocation_and_loses_nothing(any_mode):
     keep = torch.arange(1000.0, device="neuron")
     saved = CONFIG.hbm_bytes
     CONFIG.hbm_bytes = torch.neuron.memory_allocated() + 4 * MIB
@@ -72,7 +72,7 @@ def kernel_times():
     return {name: v["time_us"] for name, v in adaptive_eager.stats()["kernels"].items()}
 
 
-def test_matmul_time_is_compute_bound_and_exact():
+def test_matmul_time_is_compute_bound_and_exact(strict_mode):
     a = torch.ones(512, 256, device="neuron")
     b = torch.ones(256, 1024, device="neuron")
     torch.neuron.synchronize()
@@ -85,7 +85,7 @@ def test_matmul_time_is_compute_bound_and_exact():
     assert kernel_times()["aten::mm"] == round(expected, 3)
 
 
-def test_pointwise_time_is_memory_bound_and_exact():
+def test_pointwise_time_is_memory_bound_and_exact(strict_mode):
     x = torch.ones(1 << 20, device="neuron")
     torch.neuron.synchronize()
     adaptive_eager.reset_stats()
@@ -96,7 +96,7 @@ def test_pointwise_time_is_memory_bound_and_exact():
     assert stats["bytes_moved"] == nbytes + (1 << 20) * 4 + 4  # + the sum: read 4 MiB, write 4 B
 
 
-def test_bf16_runs_at_four_times_the_fp32_rate():
+def test_bf16_runs_at_four_times_the_fp32_rate(strict_mode):
     for dtype, peak in ((torch.float32, PROFILE.peak_fp32_flops), (torch.bfloat16, PROFILE.peak_bf16_flops)):
         a = torch.ones(2048, 2048, dtype=dtype, device="neuron")
         torch.neuron.synchronize()
@@ -108,7 +108,7 @@ def test_bf16_runs_at_four_times_the_fp32_rate():
 # -- timeline ---------------------------------------------------------------------------
 
 
-def test_trace_links_host_ops_to_device_kernels_per_stream(tmp_path):
+def test_trace_links_host_ops_to_device_kernels_per_stream(tmp_path, strict_mode):
     path = tmp_path / "trace.json"
     trace.start()
     s = torch.neuron.Stream()
@@ -143,13 +143,13 @@ def test_trace_links_host_ops_to_device_kernels_per_stream(tmp_path):
 def test_trace_from_the_environment(tmp_path):
     path = tmp_path / "env_trace.json"
     code = "import torch; (torch.ones(4, device='neuron') + 1).cpu()"
-    env = {**__import__("os").environ, "NEURON_TRACE": str(path)}
+    env = {**__import__("os").environ, "NEURON_TRACE": str(path), "NEURON_ADAPTIVE_EAGER": "0"}
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
     events = json.loads(path.read_text())["traceEvents"]
     assert sum(1 for e in events if e["ph"] == "X" and e["pid"] == trace.SIMULATED_PID) == 2
 
 
-def test_kernels_appear_in_torch_profiler():
+def test_kernels_appear_in_torch_profiler(strict_mode):
     from torch._C._profiler import _ExperimentalConfig
 
     x = torch.ones(4, device="neuron")

@@ -19,6 +19,8 @@ if _ROOT not in sys.path:
 
 from bench import op_coverage  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("any_mode")  # every test, in strict and adaptive eager
+
 
 # OpInfo keys (``name`` or ``name.variant_test_name``), all in torch 2.13's op_db.
 COMMON_OPS = [

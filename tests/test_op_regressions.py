@@ -4,6 +4,8 @@ import torch
 
 from conftest import assert_same
 
+pytestmark = pytest.mark.usefixtures("any_mode")  # every test, in strict and adaptive eager
+
 
 def test_single_tensor_list_results():
     x = torch.randn(5, 5)

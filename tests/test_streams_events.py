@@ -5,7 +5,7 @@ import adaptive_eager
 from conftest import assert_same
 
 
-def test_streams_share_one_queue_and_keep_issue_order():
+def test_streams_share_one_queue_and_keep_issue_order(any_mode):
     a, b = torch.neuron.Stream(), torch.neuron.Stream()
     x = torch.randn(256, 256)
     with torch.neuron.stream(a):
@@ -15,7 +15,7 @@ def test_streams_share_one_queue_and_keep_issue_order():
     assert_same(consumed, (x @ x).relu() * 2 + 1)
 
 
-def test_launches_are_counted_per_stream():
+def test_launches_are_counted_per_stream(strict_mode):
     s = torch.neuron.Stream()
     x = torch.ones(4, device="neuron")  # default stream: 1 launch (fill_)
     with torch.neuron.stream(s):
@@ -41,7 +41,7 @@ def test_current_default_set_stream_and_accelerator():
     assert isinstance(s, torch.Stream) and s.device == torch.device("neuron", 0)
 
 
-def test_stream_query_synchronize_wait_stream_record_stream():
+def test_stream_query_synchronize_wait_stream_record_stream(any_mode):
     s = torch.neuron.Stream()
     with torch.neuron.stream(s):
         y = torch.randn(64, 64, device="neuron") @ torch.randn(64, 64, device="neuron")
@@ -53,7 +53,7 @@ def test_stream_query_synchronize_wait_stream_record_stream():
     assert torch.neuron.current_stream().query()
 
 
-def test_event_elapsed_time_is_simulated_device_time():
+def test_event_elapsed_time_is_simulated_device_time(any_mode):
     start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
     a = torch.ones(1024, 1024, dtype=torch.bfloat16, device="neuron")
     start.record()

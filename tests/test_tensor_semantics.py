@@ -8,6 +8,8 @@ import torch
 
 from conftest import assert_same
 
+pytestmark = pytest.mark.usefixtures("any_mode")  # every test, in strict and adaptive eager
+
 
 def both(cpu_tensor):
     return cpu_tensor.clone(), cpu_tensor.to("neuron")

@@ -5,6 +5,8 @@ import torch
 
 import training_loops as loops
 
+pytestmark = pytest.mark.usefixtures("any_mode")  # every test, in strict and adaptive eager
+
 FP32 = {"rtol": 1e-5, "atol": 1e-6}
 
 

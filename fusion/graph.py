@@ -1,0 +1,83 @@
+"""The dependency graph of a window, and the one cycle check that guards every merge.
+
+Entry points: :func:`build_graph` (window records -> ``networkx.DiGraph``) and
+:func:`would_create_cycle`.
+
+Nodes are record positions in the window. Edges say "must run after", with a ``kind``:
+
+- ``raw``: reads a storage an earlier op wrote (data flow);
+- ``war``: writes a storage an earlier op read (an in-place op after a reader);
+- ``waw``: writes a storage an earlier op wrote;
+- ``rng``: both draw from the device generator, so their order fixes the numbers.
+
+Storage identity is the whole allocation: a view shares its base's storage, so an in-place
+write through a view orders against every reader of the base (overlap is assumed).
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import networkx as nx
+
+from .categories import RANDOM, category
+
+
+def build_graph(records) -> nx.DiGraph:
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(len(records)))
+    last_writer: dict = {}
+    readers: dict = {}
+    last_random = None
+
+    def depend(before: int, after: int, kind: str) -> None:
+        if before != after and not graph.has_edge(before, after):
+            graph.add_edge(before, after, kind=kind)
+
+    for index, record in enumerate(records):
+        for storage in record.reads:
+            writer = last_writer.get(storage)
+            if writer is not None:
+                depend(writer, index, "raw")
+        for storage in record.writes:
+            writer = last_writer.get(storage)
+            if writer is not None:
+                depend(writer, index, "waw")
+            for reader in readers.get(storage, ()):
+                depend(reader, index, "war")
+        if category(record.op) == RANDOM:
+            if last_random is not None:
+                depend(last_random, index, "rng")
+            last_random = index
+        for storage in record.reads:
+            readers.setdefault(storage, []).append(index)
+        for storage in record.writes:
+            last_writer[storage] = index
+            readers[storage] = []
+        for storage in record.results:
+            if storage is not None:
+                last_writer[storage] = index
+                readers[storage] = []
+    return graph
+
+
+def would_create_cycle(graph: nx.DiGraph, group_a, group_b) -> bool:
+    """Would merging the node sets ``group_a`` and ``group_b`` into one kernel create a
+    cycle among kernels?
+
+    A breadth-first search from the merged group's outside users: if it comes back into
+    the group, some op outside the group would have to run both after and before it.
+    """
+    merged = set(group_a) | set(group_b)
+    frontier = deque(
+        successor for node in merged for successor in graph.successors(node) if successor not in merged
+    )
+    seen = set(frontier)
+    while frontier:
+        node = frontier.popleft()
+        for successor in graph.successors(node):
+            if successor in merged:
+                return True
+            if successor not in seen:
+                seen.add(successor)
+                frontier.append(successor)
+    return False

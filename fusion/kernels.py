@@ -1,0 +1,224 @@
+"""Fused kernels: what a group of ops costs, and how it runs as one launch.
+
+Entry points: :func:`group_spec` (a planned group -> :class:`GroupSpec`),
+:class:`KernelSpec` (the cacheable, position-free description of a fused kernel),
+:class:`KernelCache` (cachetools LRU of specs by signature) and :class:`FusedKernel`
+(one launch on the execution queue).
+
+A fused kernel runs its ops back to back on the device worker, in program order, keeping
+its *dead intermediates* in an environment instead of device memory: an output produced
+and consumed inside the kernel, with no live Python reference and no view at flush, is
+never written back. Its cost counts only what crosses the kernel's boundary: each outside
+tensor read once, each surviving output written once.
+
+When an op inside fails, the rest of the kernel is replayed op by op with strict eager's
+rules (ops reading a poisoned buffer are skipped), the deferred error names the exact op
+and the user's line, and the kernel's signature is reported to the runtime, which marks
+it unfusable.
+"""
+from __future__ import annotations
+
+import threading
+
+import cachetools
+import torch
+
+from adaptive_eager.device.cost_model import PROFILE
+from adaptive_eager.device.kernel import flatten_results
+
+# signatures of fused kernels that failed; the runtime drains it (worker -> host)
+FAILED_SIGNATURES: list = []
+_failed_lock = threading.Lock()
+
+
+def short_name(record) -> str:
+    name = record.name
+    return name[6:] if name.startswith("aten::") else name
+
+
+class KernelSpec:
+    """A fused kernel, independent of where its ops sit in a window."""
+
+    __slots__ = ("signature", "name", "dead", "bytes", "time_us", "bytes_saved", "ops")
+
+    def __init__(self, signature, name, dead, nbytes, time_us, bytes_saved, ops) -> None:
+        self.signature = signature
+        self.name = name  # "mul|add|relu"
+        self.dead = dead  # frozenset of (member offset, result position) kept in registers
+        self.bytes = nbytes
+        self.time_us = time_us
+        self.bytes_saved = bytes_saved
+        self.ops = ops
+
+
+class GroupSpec:
+    """A planned group: window positions, plus its kernel when it fuses several ops."""
+
+    __slots__ = ("members", "kernel")
+
+    def __init__(self, members: tuple, kernel: KernelSpec | None) -> None:
+        self.members = members
+        self.kernel = kernel  # None: a single op, launched as in strict eager
+
+
+class KernelCache:
+    """Built kernels by signature (LRU), with hit/miss/eviction counters."""
+
+    def __init__(self, maxsize: int = 4096) -> None:
+        self.maxsize = maxsize
+        self.evictions = 0
+        outer = self
+
+        class _LRU(cachetools.LRUCache):
+            def popitem(self):
+                outer.evictions += 1
+                return super().popitem()
+
+        self._cache = _LRU(maxsize=maxsize)
+        self.hits = 0
+        self.misses = 0
+
+    def get_or_build(self, signature, build):
+        spec = self._cache.get(signature)
+        if spec is not None:
+            self.hits += 1
+            return spec
+        self.misses += 1
+        spec = self._cache[signature] = build()
+        return spec
+
+    def invalidate(self, signature) -> None:
+        self._cache.pop(signature, None)
+
+    def clear(self) -> None:
+        self._cache.clear()
+
+    def stats(self) -> dict:
+        return {"hits": self.hits, "misses": self.misses, "evictions": self.evictions, "size": len(self._cache)}
+
+    def reset_counters(self) -> None:
+        self.hits = self.misses = self.evictions = 0
+
+
+def _signature(members, records, touched_by, dead) -> tuple:
+    position = {index: offset for offset, index in enumerate(members)}
+    producers = {}
+    for offset, index in enumerate(members):
+        for storage in records[index].results:
+            if storage is not None:
+                producers[storage] = offset
+    flow = tuple(
+        tuple(producers.get(storage, -1) for storage in records[index].reads) for index in members
+    )
+    return (tuple(records[index].key for index in members), flow, tuple(sorted(dead)), len(position))
+
+
+def _build_spec(members, records, dead, signature) -> KernelSpec:
+    produced = {}
+    for offset, index in enumerate(members):
+        for position, storage in enumerate(records[index].results):
+            if storage is not None:
+                produced[storage] = (offset, position)
+    dead_storages = {storage for storage, where in produced.items() if where in dead}
+    external_reads: dict = {}
+    written: dict = {}
+    compute_us = 0.0
+    unfused_bytes = 0
+    for offset, index in enumerate(members):
+        record = records[index]
+        cost = record.cost
+        unfused_bytes += cost.bytes
+        compute_us += cost.compute_us
+        for storage, nbytes in zip(record.reads, cost.read_bytes):
+            if storage not in produced:
+                external_reads[storage] = max(external_reads.get(storage, 0), nbytes)
+        for position, (storage, nbytes) in enumerate(zip(record.results, cost.result_bytes)):
+            if storage is not None and (offset, position) not in dead:
+                written[storage] = max(written.get(storage, 0), nbytes)
+        for storage, nbytes in zip(record.writes, cost.write_bytes):
+            if storage not in dead_storages:
+                written[storage] = max(written.get(storage, 0), nbytes)
+    nbytes = sum(external_reads.values()) + sum(written.values())
+    memory_us = nbytes / PROFILE.hbm_bandwidth_bytes_per_s * 1e6
+    time_us = PROFILE.launch_overhead_us + max(memory_us, compute_us)
+    name = "|".join(short_name(records[index]) for index in members)
+    return KernelSpec(signature, name, frozenset(dead), nbytes, time_us, max(unfused_bytes - nbytes, 0), len(members))
+
+
+def group_spec(members, records, touched_by, escapes, kernel_cache=None) -> GroupSpec:
+    members = tuple(members)
+    if len(members) == 1:
+        return GroupSpec(members, None)
+    inside = set(members)
+    dead = set()
+    for offset, index in enumerate(members):
+        for position, storage in enumerate(records[index].results):
+            if storage is None or escapes(index, position):
+                continue
+            if touched_by.get(storage, set()) <= inside:
+                dead.add((offset, position))
+    signature = _signature(members, records, touched_by, dead)
+
+    def build():
+        return _build_spec(members, records, dead, signature)
+
+    spec = kernel_cache.get_or_build(signature, build) if kernel_cache is not None else build()
+    return GroupSpec(members, spec)
+
+
+class FusedKernel:
+    """One launch that runs several recorded ops (see module docstring)."""
+
+    __slots__ = ("records", "spec", "stream")
+
+    def __init__(self, records, spec: KernelSpec, stream: int) -> None:
+        self.records = records
+        self.spec = spec
+        self.stream = stream
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def launch(self, queue) -> None:
+        env: dict = {}
+        dead = self.spec.dead
+        faults = queue.faults
+        failed = False
+        for offset, record in enumerate(self.records):
+            if queue.poison_seen and self._skip_poisoned(record, queue):
+                continue
+            try:
+                if faults is not None:
+                    faults.check(record.name)
+                result = record.run(env)
+                if isinstance(result, torch.Tensor):
+                    self._keep(record.results[0], result, (offset, 0) in dead, env)
+                else:
+                    for position, value in enumerate(flatten_results(result)):
+                        storage = record.results[position] if position < len(record.results) else None
+                        if storage is not None and value is not None:
+                            self._keep(storage, value, (offset, position) in dead, env)
+            except Exception as error:  # replay the rest op by op, strict eager's rules
+                failed = True
+                queue.fail(record.failure(error, self.spec.name, queue.completed + 1, env), record.written())
+        if failed:
+            with _failed_lock:
+                FAILED_SIGNATURES.append(self.spec.signature)
+
+    @staticmethod
+    def _keep(storage, value, dead: bool, env: dict) -> None:
+        if storage is None:
+            return
+        if dead:
+            env[storage] = value  # stays in the kernel: never written back
+        else:
+            storage.adopt(value)
+
+    @staticmethod
+    def _skip_poisoned(record, queue) -> bool:
+        for storage in record.reads:
+            if storage.poison is not None:
+                queue.skip(record.written(), storage.poison)
+                return True
+        return False

@@ -1,0 +1,165 @@
+"""Planning one window: which recorded ops run together as one fused kernel.
+
+Entry point: :func:`plan_window` (records, which outputs escape) -> :class:`Plan`.
+
+The contracts, kept apart as in Inductor's scheduler:
+
+- :func:`can_fuse` is legality only: it answers yes, or no with a reason;
+- :func:`score` is profitability only: the bytes a merge keeps out of device memory;
+- :func:`fusion.graph.would_create_cycle` guards every merge.
+
+The greedy loop takes data-flow edges best score first and merges the two groups at their
+ends when legal. What may share a kernel:
+
+- pointwise (and random) ops over one iteration space, with broadcasting and type
+  promotion (their inputs may broadcast; their outputs have one number of elements);
+- one reduction with its pointwise prologue (ops over its input's elements) and epilogue
+  (ops over its input's or its output's elements);
+- one matmul-like op with its pointwise epilogue (bias, activation, residual: ops over its
+  output's elements). A matmul takes no prologue: it closes the window behind it.
+
+Every refusal has a reason, counted in the statistics and logged at DEBUG to
+``adaptive_eager.fusion``. Plans are deterministic: ties break by window position.
+"""
+from __future__ import annotations
+
+import logging
+
+import networkx as nx
+
+from .categories import BARRIER, MATMUL, OPAQUE, POINTWISE, RANDOM, REDUCTION, category
+from .graph import build_graph, would_create_cycle
+from .kernels import GroupSpec, group_spec
+
+LOG = logging.getLogger("adaptive_eager.fusion")
+_ANCHORS = (REDUCTION, MATMUL)
+
+
+class Group:
+    """A set of window positions on its way to becoming one kernel."""
+
+    __slots__ = ("members", "anchor", "anchor_kind", "numels")
+
+    def __init__(self, index: int, kind: str, record) -> None:
+        self.members = [index]
+        cost = record.cost
+        if kind in _ANCHORS:
+            self.anchor, self.anchor_kind = index, kind
+            # the iteration spaces a pointwise op may share with this anchor
+            self.numels = {cost.numel} if kind == MATMUL else {cost.numel, cost.input_numel}
+        else:
+            self.anchor, self.anchor_kind = None, None
+            self.numels = {cost.numel}
+
+
+class Refusal(str):
+    """A reason not to fuse (a str, so it counts and logs as itself)."""
+
+
+def can_fuse(producer: Group, consumer: Group, edge, kinds, records, graph, unfusable) -> Refusal | None:
+    """Legality of merging ``producer`` into ``consumer``, joined by the data-flow ``edge``
+    (producer position, consumer position). Returns None when legal, else the reason."""
+    for group in (producer, consumer):
+        for index in group.members:
+            kind = kinds[index]
+            if kind in (OPAQUE, BARRIER):
+                return Refusal(f"opaque op: {records[index].name}")
+    if producer.anchor is not None and consumer.anchor is not None:
+        return Refusal(f"two anchors ({producer.anchor_kind} and {consumer.anchor_kind}) in one kernel")
+    anchored = producer if producer.anchor is not None else consumer if consumer.anchor is not None else None
+    if anchored is None:
+        if producer.numels != consumer.numels:
+            return Refusal("different iteration spaces")
+    else:
+        other = consumer if anchored is producer else producer
+        if not other.numels <= anchored.numels:
+            return Refusal(f"different iteration spaces around a {anchored.anchor_kind}")
+        if anchored.anchor_kind == MATMUL and edge[1] == anchored.anchor:
+            return Refusal("a matmul takes no prologue")
+    members = producer.members + consumer.members
+    if unfusable and group_key(sorted(members), records) in unfusable:
+        return Refusal("marked unfusable after a failure")
+    if would_create_cycle(graph, producer.members, consumer.members):
+        return Refusal("would create a cycle")
+    return None
+
+
+def score(producer_index: int, consumer_index: int, records) -> int:
+    """Bytes a merge along this edge can keep out of device memory: the producer's outputs
+    that the consumer reads (written once and read once less)."""
+    produced = records[producer_index]
+    consumer_reads = set(records[consumer_index].reads)
+    return sum(
+        2 * nbytes
+        for storage, nbytes in zip(produced.results, produced.cost.result_bytes)
+        if storage is not None and storage in consumer_reads
+    ) + sum(
+        nbytes for storage, nbytes in zip(produced.writes, produced.cost.write_bytes) if storage in consumer_reads
+    )
+
+
+def group_key(members, records) -> tuple:
+    """What identifies a group's kernel: its ops' signatures in order."""
+    return tuple(records[index].key for index in members)
+
+
+class Plan:
+    """The groups of a window in launch order; ``refusals`` counts the reasons given."""
+
+    __slots__ = ("groups", "refusals")
+
+    def __init__(self, groups: list, refusals: dict) -> None:
+        self.groups = groups  # [GroupSpec] in launch order
+        self.refusals = refusals
+
+
+def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None) -> Plan:
+    """Group the window's records into kernels.
+
+    ``escapes(index, position)`` tells whether a record's output is still referenced from
+    Python (or aliased by a view) at flush; those are written back to device memory.
+    """
+    count = len(records)
+    kinds = [category(record.op) for record in records]
+    graph = build_graph(records)
+    groups = {index: Group(index, kinds[index], records[index]) for index in range(count)}
+    group_of = list(range(count))
+    refusals: dict = {}
+
+    candidates = sorted(
+        ((score(u, v, records), u, v) for u, v, kind in graph.edges(data="kind") if kind == "raw"),
+        key=lambda item: (-item[0], item[1], item[2]),
+    )
+    for _, u, v in candidates:
+        a, b = group_of[u], group_of[v]
+        if a == b:
+            continue
+        reason = can_fuse(groups[a], groups[b], (u, v), kinds, records, graph, unfusable)
+        if reason is not None:
+            refusals[reason] = refusals.get(reason, 0) + 1
+            LOG.debug("not fusing %s -> %s: %s", records[u].name, records[v].name, reason)
+            continue
+        keep, gone = (a, b) if len(groups[a].members) >= len(groups[b].members) else (b, a)
+        kept, merged = groups[keep], groups.pop(gone)
+        kept.members += merged.members
+        if kept.anchor is None and merged.anchor is not None:
+            kept.anchor, kept.anchor_kind, kept.numels = merged.anchor, merged.anchor_kind, merged.numels
+        for index in merged.members:
+            group_of[index] = keep
+
+    # launch order: a topological order of the groups, smallest first position first
+    quotient = nx.DiGraph()
+    quotient.add_nodes_from(groups)
+    for u, v in graph.edges():
+        if group_of[u] != group_of[v]:
+            quotient.add_edge(group_of[u], group_of[v])
+    order = nx.lexicographical_topological_sort(quotient, key=lambda gid: min(groups[gid].members))
+    touched_by: dict = {}
+    for index, record in enumerate(records):
+        for storage in (*record.reads, *record.writes, *record.results):
+            if storage is not None:
+                touched_by.setdefault(storage, set()).add(index)
+    specs = [
+        group_spec(sorted(groups[gid].members), records, touched_by, escapes, kernel_cache) for gid in order
+    ]
+    return Plan(specs, refusals)
