@@ -87,7 +87,7 @@ def stats() -> dict:
         "kernels_skipped": COUNTERS.kernels_skipped,
         "sync_points": dict(COUNTERS.sync_points),
         "launches_by_stream": {str(k): v for k, v in COUNTERS.launches_by_stream.items()},
-        "kernels": {name: {"launches": n, "time_us": round(t, 3)} for name, (n, t) in kernels},
+        "kernels": {name: {"launches": n, "time_us": round(t, 3), "bytes": b} for name, (n, t, b) in kernels},
         "memory": {"peak_bytes": MEMORY.peak, "allocated_bytes": MEMORY.allocated},
         "device": {"name": PROFILE.name, "launch_overhead_us": PROFILE.launch_overhead_us},
     }

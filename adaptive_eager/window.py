@@ -134,7 +134,7 @@ class AdaptiveSink:
             storage = records[index].results[position]
             if storage is None:
                 return False
-            if storage.aliased or not self.policy.dead_intermediates:
+            if storage.pinned or not self.policy.dead_intermediates or storage.has_live_view():
                 return True
             refs = outputs[index]
             return position < len(refs) and _alive(refs[position])

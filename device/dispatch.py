@@ -29,7 +29,7 @@ from .op_table import _ENTRIES, COPY, DATA_DEPENDENT, HOST_READ, KERNEL, METADAT
 from .queue import QUEUE
 from .random import GENERATOR
 from .shapes import NO_META, SHAPE_CACHE, MetaRejected, infer
-from .storage import DeviceStorage, storage_nbytes
+from .storage import DeviceStorage, ViewRef, storage_nbytes
 from .streams import STATE as _STREAMS
 from .tensor import NEURON, NeuronTensor, cpu_view, set_wrapper_metadata, wrap_fresh, wrap_view
 
@@ -111,7 +111,10 @@ def _record_call(entry, args, kwargs):
         if type(value) is NeuronTensor:
             key.append(value._sig)
             reads.append(value._storage)
-            refs.append(value._ref)
+            ref = value._ref
+            if type(ref) is not DeviceStorage:
+                nested = True
+            refs.append(ref)
         else:
             if type(value) is list or type(value) is tuple:
                 nested = True
@@ -123,7 +126,9 @@ def _record_call(entry, args, kwargs):
             if type(value) is NeuronTensor:
                 key.append(value._sig)
                 reads.append(value._storage)
-                kwrefs[name] = value._ref
+                ref = kwrefs[name] = value._ref
+                if type(ref) is not DeviceStorage:
+                    nested = True
             else:
                 if type(value) is list or type(value) is tuple:
                     nested = True
@@ -287,49 +292,120 @@ def _host_args(entry, args, kwargs, check_poison=False):
     return host_args, host_kwargs
 
 
+_VIEW_CACHE: dict = {}  # view signature -> output metadata [(shape, stride, offset, dtype)]
+
+
+def _hashable(value):
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, (int, float, bool)):
+        return (type(value), value)
+    return value
+
+
+def _meta_of(tensor: NeuronTensor) -> torch.Tensor:
+    """A meta tensor with ``tensor``'s exact metadata, offset included."""
+    span = storage_nbytes(tensor.shape, tensor.stride(), 1) + tensor.storage_offset()
+    return torch.empty(span, dtype=tensor.dtype, device="meta").as_strided(
+        tensor.shape, tensor.stride(), tensor.storage_offset()
+    )
+
+
+def _view_outputs(entry, base, args, kwargs):
+    """Output metadata of a view op, from the view cache (a meta run on a miss)."""
+    rest = args[1:]
+    key = None
+    if not any(isinstance(v, _Tensor) for v in rest) and not any(isinstance(v, _Tensor) for v in kwargs.values()):
+        key = (entry, base._sig, base.storage_offset(), _hashable(rest), _hashable(tuple(kwargs.items())))
+        outputs = _VIEW_CACHE.get(key)
+        if outputs is not None:
+            return outputs
+    meta_rest = [_meta_of(v) if type(v) is NeuronTensor else v for v in rest]
+    result = entry.op(_meta_of(base), *meta_rest, **kwargs)
+    views = (result,) if isinstance(result, _Tensor) else tuple(result)
+    outputs = tuple(
+        (tuple(v.shape), tuple(v.stride()), v.storage_offset(), v.dtype if not (v.is_conj() or v.is_neg()) else None)
+        for v in views
+    )
+    outputs = (isinstance(result, _Tensor), type(result), outputs)
+    if key is not None:
+        if len(_VIEW_CACHE) > 65536:
+            _VIEW_CACHE.clear()
+        _VIEW_CACHE[key] = outputs
+    return outputs
+
+
 def run_view(entry, args, kwargs):
-    """A view: computed on the CPU backing tensor, no data touched, no launch."""
+    """A view: new metadata over the same storage. No data touched, no launch, no memory;
+    kernels resolve it when they run (``ViewRef``)."""
     base = args[0]
     if type(base) is not NeuronTensor:
         base = next(a for a in args if type(a) is NeuronTensor)
     storage = base._storage
-    storage.aliased = True
+    COUNTERS.view_ops += 1
+    single, container, outputs = _view_outputs(entry, base, args, kwargs)
+    if any(dtype is not base.dtype for _, _, _, dtype in outputs):
+        return _host_view(entry, storage, args, kwargs)
+    views = [wrap_view(storage, shape, stride, offset, dtype) for shape, stride, offset, dtype in outputs]
+    return views[0] if single else container(views)
+
+
+def _host_view(entry, storage, args, kwargs):
+    """Views a ``ViewRef`` cannot describe: another dtype over the same bytes
+    (``view(dtype)``, ``view_as_real``) or a conjugate/negative bit (``_conj``). Computed on
+    the materialized CPU bytes; the storage is pinned (always written back)."""
+    _sync.flush(f"host view: {entry.name}")
+    storage.pinned = True
     host_args, host_kwargs = _host_args(entry, args, kwargs)
     result = entry.op(*host_args, **host_kwargs)
-    COUNTERS.view_ops += 1
-    if isinstance(result, _Tensor):
-        return wrap_view(result, storage)
-    return type(result)(wrap_view(view, storage) for view in result)
+    views = (result,) if isinstance(result, _Tensor) else tuple(result)
+    wrapped = []
+    for view in views:
+        tensor = wrap_view(storage, tuple(view.shape), tuple(view.stride()), view.storage_offset(), view.dtype)
+        tensor._ref = view  # a CPU tensor over the storage's bytes
+        wrapped.append(tensor)
+    return wrapped[0] if isinstance(result, _Tensor) else type(result)(wrapped)
 
 
-_METADATA_SYNC = {aten.resize_.default, aten.set_.source_Tensor, aten.set_.source_Storage,
+_METADATA_SYNC = {aten.resize_.default, aten.resize_as_.default, aten.set_.source_Tensor, aten.set_.source_Storage,
                   aten.set_.source_Storage_storage_offset, aten.set_.default}
 
 
 def run_metadata(entry, args, kwargs):
-    """In-place metadata changes (``t_``, ``unsqueeze_``, ``resize_``): applied to a fresh
-    CPU alias of the tensor, then mirrored onto the neuron tensor."""
+    """In-place metadata changes (``t_``, ``unsqueeze_``, ``resize_``, ``set_``).
+
+    Pure metadata changes are computed on a meta tensor. ``resize_`` and ``set_`` may
+    reallocate or re-point memory: they wait for the device and run on the CPU bytes.
+    """
     tensor = args[0]
-    if entry.op in _METADATA_SYNC:
-        _sync.synchronize(f"metadata: {entry.name}")
+    if entry.op not in _METADATA_SYNC:
+        meta = _meta_of(tensor)
+        entry.op(meta, *(_meta_of(a) if type(a) is NeuronTensor else a for a in args[1:]), **kwargs)
+        _set_metadata(tensor, tensor._storage, tuple(meta.shape), tuple(meta.stride()), meta.storage_offset())
+        COUNTERS.view_ops += 1
+        return tensor
+    _sync.synchronize(f"metadata: {entry.name}")
     host = cpu_view(tensor)
     alias = host.as_strided(host.shape, host.stride(), host.storage_offset())
     host_args, host_kwargs = _host_args(entry, args[1:], kwargs)
     entry.op(alias, *host_args, **host_kwargs)
-    source = next((a for a in args[1:] if type(a) is NeuronTensor), None)
-    if source is not None:  # set_(source): now aliases the source's storage
-        tensor._storage = source._storage
-    tensor._storage.aliased = True
-    mirror_metadata(tensor, alias)
+    source = next((a for a in args[1:] if type(a) is NeuronTensor), None) if entry.name == "aten::set_" else None
+    storage = source._storage if source is not None else tensor._storage
+    storage.pinned = True
+    tensor._storage = storage
+    _set_metadata(tensor, storage, tuple(alias.shape), tuple(alias.stride()), alias.storage_offset())
     COUNTERS.view_ops += 1
     return tensor
 
 
-def mirror_metadata(tensor: NeuronTensor, host: torch.Tensor) -> None:
-    """Give the wrapper ``host``'s sizes, strides and offset."""
-    set_wrapper_metadata(tensor, host.shape, host.stride(), host.storage_offset())
-    tensor._ref = host
-    tensor._sig = (tuple(host.shape), host.stride(), host.dtype)
+def _set_metadata(tensor: NeuronTensor, storage, shape, stride, offset: int) -> None:
+    set_wrapper_metadata(tensor, shape, stride, offset)
+    if offset == 0 and shape == storage.shape and stride == storage.stride:
+        tensor._ref = storage
+    else:
+        tensor._ref = ViewRef(storage, shape, stride, offset)
+    tensor._sig = (shape, stride, tensor.dtype)
+    storage.add_view(tensor)
 
 
 # -- copies, host reads, data-dependent ops and the CPU fallback ------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .errors import KernelFailure, describe_call
-from .storage import DeviceStorage
+from .storage import DeviceStorage, ViewRef
 
 
 def resolve(value, env=None):
@@ -31,6 +31,8 @@ def resolve(value, env=None):
                 return tensor
         data = value.data
         return data if data is not None else value.materialize()
+    if kind is ViewRef:
+        return value.resolve(resolve(value.storage, env))
     if kind is list or kind is tuple:
         return kind(resolve(v, env) for v in value)
     return value
@@ -46,7 +48,8 @@ class OpRecord:
     """One aten op, recorded on the host. Frozen once built.
 
     - ``args``/``kwargs``: the call, with tensor references (see module docstring);
-      ``nested`` is True when an argument is a list holding references (``cat``);
+      ``nested`` is True when an argument needs more than a storage lookup to resolve (a
+      list holding references, as for ``cat``, or a view);
     - ``reads``: storages the op reads; ``writes``: storages it writes in place;
     - ``results``: fresh storages for its outputs, in return order (None where the op
       returns no tensor);

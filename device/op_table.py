@@ -31,6 +31,10 @@ NO_OP = "no_op"
 aten = torch.ops.aten
 
 _NO_OPS = {aten.record_stream.default}
+# Ops that return an alias of an input although their schema does not say so: metadata
+# only, like views ("unsafe": the caller promises not to use the input again).
+_UNANNOTATED_VIEWS = {aten._unsafe_view.default, aten.unsafe_split.Tensor, aten.unsafe_split_with_sizes.default,
+                      aten.unsafe_chunk.default}
 # Ops that only allocate: no kernel runs (as on CUDA, torch.empty launches nothing).
 _ALLOCATIONS = {aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
                 aten.new_empty_strided.default, aten.empty_like.default}
@@ -89,7 +93,7 @@ class OpEntry:
             self.kind = NO_OP
         elif op in _COPY_OPS:
             self.kind = COPY
-        elif op.is_view:
+        elif op.is_view or op in _UNANNOTATED_VIEWS:
             self.kind = VIEW
         elif torch.Tag.inplace_view in tags:
             self.kind = METADATA

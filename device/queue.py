@@ -85,7 +85,7 @@ class ExecutionQueue:
         self.host_us = 0.0  # host clock: host_us_per_op per issued op; waits at sync points
         self.device_free_us = 0.0  # when the device finishes the last launched kernel
         self.host_us_per_op = env_float("NEURON_SIM_HOST_US", 5.0)
-        self.kernel_totals: dict[str, list] = {}  # kernel name -> [launches, simulated us]
+        self.kernel_totals: dict = {}  # kernel name or op -> [launches, simulated us, bytes]
         self.trace = None  # a device.trace.TraceRecorder while tracing
         self.last_on_stream: dict[int, int] = {}  # stream id -> sequence of its last item
         # Doorbell batching: submitted items wait in ``_batch`` until the host rings.
@@ -142,10 +142,11 @@ class ExecutionQueue:
         self.device_free_us = (device_free if device_free > self.host_us else self.host_us) + time_us
         totals = self.kernel_totals.get(key)
         if totals is None:
-            self.kernel_totals[key] = [1, time_us]
+            self.kernel_totals[key] = [1, time_us, nbytes]
         else:
             totals[0] += 1
             totals[1] += time_us
+            totals[2] += nbytes
         by_stream = counters.launches_by_stream
         by_stream[stream] = by_stream.get(stream, 0) + 1
         sequence = self.submit(kernel, stream, nbytes)
@@ -197,13 +198,14 @@ class ExecutionQueue:
         return self.completed >= sequence
 
     def kernel_summary(self) -> dict:
-        """{kernel name: [launches, simulated us]}, merging overloads of one op."""
+        """{kernel name: [launches, simulated us, bytes]}, merging overloads of one op."""
         summary: dict = {}
-        for key, (launches, time_us) in list(self.kernel_totals.items()):
+        for key, (launches, time_us, nbytes) in list(self.kernel_totals.items()):
             name = key if isinstance(key, str) else key._schema.name
-            entry = summary.setdefault(name, [0, 0.0])
+            entry = summary.setdefault(name, [0, 0.0, 0])
             entry[0] += launches
             entry[1] += time_us
+            entry[2] += nbytes
         return summary
 
     # -- device side -----------------------------------------------------------------

@@ -16,6 +16,7 @@ queued kernel that use it are gone.
 from __future__ import annotations
 
 import threading
+import weakref
 
 import torch
 
@@ -66,7 +67,7 @@ def _out_of_memory(nbytes: int) -> torch.OutOfMemoryError:
 class DeviceStorage:
     """One device allocation. ``data`` is its CPU backing tensor, or None until needed."""
 
-    __slots__ = ("data", "nbytes", "shape", "stride", "dtype", "poison", "aliased", "__weakref__")
+    __slots__ = ("data", "nbytes", "shape", "stride", "dtype", "poison", "pinned", "views", "__weakref__")
 
     def __init__(self, shape, stride, dtype, nbytes: int, data=None) -> None:
         rounded = -(-nbytes // _ROUND) * _ROUND
@@ -89,7 +90,8 @@ class DeviceStorage:
         self.dtype = dtype
         self.data = data
         self.poison = None  # KernelFailure that left this storage without valid data
-        self.aliased = False  # a view of it exists: fusion must not drop its writes
+        self.pinned = False  # aliased in ways views cannot describe (set_): always keep its data
+        self.views = None  # weak references to view tensors over it (see add_view)
 
     def __del__(self) -> None:
         if self.nbytes is None:
@@ -98,6 +100,21 @@ class DeviceStorage:
         books.allocated -= self.nbytes
         books.frees += 1
         books.live_blocks -= 1
+
+    def add_view(self, tensor) -> None:
+        """Remember a view tensor over this storage: while one is alive, fusion must write
+        the storage back to device memory."""
+        views = self.views
+        if views is None:
+            self.views = [weakref.ref(tensor)]
+            return
+        if len(views) >= 8:
+            views[:] = [ref for ref in views if ref() is not None]
+        views.append(weakref.ref(tensor))
+
+    def has_live_view(self) -> bool:
+        views = self.views
+        return views is not None and any(ref() is not None for ref in views)
 
     def materialize(self) -> torch.Tensor:
         """The CPU backing tensor, allocating it now if nothing has written it yet."""
@@ -128,3 +145,21 @@ class DeviceStorage:
                 "inference for this op (device/shapes.py, META_OVERRIDES)"
             )
         self.materialize().copy_(result)
+
+
+class ViewRef:
+    """A tensor's place in a storage: resolved to a CPU view when a kernel runs."""
+
+    __slots__ = ("storage", "shape", "stride", "offset")
+
+    def __init__(self, storage: DeviceStorage, shape, stride, offset: int) -> None:
+        self.storage = storage
+        self.shape = shape
+        self.stride = stride
+        self.offset = offset
+
+    def resolve(self, base: torch.Tensor) -> torch.Tensor:
+        return base.as_strided(self.shape, self.stride, self.offset)
+
+    def __repr__(self) -> str:
+        return f"ViewRef({self.shape}, {self.stride}, offset={self.offset})"

@@ -9,7 +9,10 @@ plus three slots:
 
 - ``_storage``: its :class:`DeviceStorage` (views share their base's);
 - ``_ref``: what a kernel reads for it: the storage itself when the tensor covers it as
-  allocated, or a CPU view with the tensor's exact metadata otherwise;
+  allocated, or a :class:`ViewRef` (storage, shape, stride, offset) otherwise. A view costs
+  no device memory and touches no data: its ``ViewRef`` is resolved to a CPU view only
+  when a kernel runs (``as_strided`` over the storage's bytes, or over the value a fused
+  kernel keeps in registers);
 - ``_sig``: ``(shape, stride, dtype)``, its part of an op signature (cache keys).
 
 Printing, pickling and ``copy.deepcopy`` behave as for CUDA tensors: they copy the data
@@ -22,7 +25,7 @@ import copy
 import torch
 from torch._tensor_str import PRINT_OPTS, _add_suffixes, _tensor_str
 
-from .storage import DeviceStorage, storage_nbytes
+from .storage import DeviceStorage, ViewRef, storage_nbytes
 
 NEURON = torch.device("neuron", 0)
 _make_wrapper = torch.Tensor._make_wrapper_subclass
@@ -123,21 +126,16 @@ def wrap_fresh(spec_shape, spec_stride, dtype, storage: DeviceStorage, signature
     return tensor
 
 
-def wrap_view(view: torch.Tensor, storage: DeviceStorage) -> NeuronTensor:
-    """A neuron tensor over ``storage`` with the metadata of the CPU tensor ``view``."""
-    shape = view.shape
-    stride = view.stride()
-    tensor = _make_wrapper(
-        NeuronTensor,
-        shape,
-        strides=stride,
-        storage_offset=view.storage_offset(),
-        dtype=view.dtype,
-        device=NEURON,
-    )
+def wrap_view(storage: DeviceStorage, shape, stride, offset: int, dtype) -> NeuronTensor:
+    """A neuron tensor aliasing ``storage`` with the given metadata (a view)."""
+    tensor = _make_wrapper(NeuronTensor, shape, strides=stride, storage_offset=offset, dtype=dtype, device=NEURON)
     tensor._storage = storage
-    tensor._ref = view
-    tensor._sig = (tuple(shape), stride, view.dtype)
+    if offset == 0 and shape == storage.shape and stride == storage.stride and dtype is storage.dtype:
+        tensor._ref = storage
+    else:
+        tensor._ref = ViewRef(storage, shape, stride, offset)
+    tensor._sig = (shape, stride, dtype)
+    storage.add_view(tensor)
     return tensor
 
 
@@ -170,7 +168,9 @@ def cpu_view(tensor: NeuronTensor) -> torch.Tensor:
     ref = tensor._ref
     if type(ref) is DeviceStorage:
         return ref.materialize()
-    return ref
+    if type(ref) is ViewRef:
+        return ref.resolve(ref.storage.materialize())
+    return ref  # a CPU tensor over the storage's bytes (dtype views)
 
 
 from .dispatch import dispatch as _dispatch  # noqa: E402  (dispatch needs NeuronTensor)

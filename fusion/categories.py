@@ -37,12 +37,16 @@ POINTWISE_EXTRA = {
     "aten::hardtanh_backward", "aten::leaky_relu_backward", "aten::elu_backward",
     "aten::softplus_backward", "aten::lerp_", "aten::lerp", "aten::addcmul_", "aten::addcdiv_",
     "aten::addcmul", "aten::addcdiv", "aten::fill", "aten::full_like", "aten::zeros_like",
-    "aten::ones_like", "aten::scalar_tensor", "aten::full",
+    "aten::ones_like", "aten::scalar_tensor", "aten::full", "aten::triu", "aten::tril",
 }
 REDUCTION_EXTRA = {
     "aten::_softmax", "aten::_log_softmax", "aten::_softmax_backward_data",
     "aten::_log_softmax_backward_data", "aten::var_mean", "aten::logsumexp",
     "aten::linalg_vector_norm", "aten::norm",
+    # normalizations: a reduction over the normalized dims and pointwise work around it
+    "aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::native_group_norm",
+    "aten::native_batch_norm", "aten::_native_batch_norm_legit",
+    "aten::_native_batch_norm_legit_no_training", "aten::native_batch_norm_backward",
 }
 MATMUL_OPS = {
     "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::convolution",

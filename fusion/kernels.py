@@ -211,7 +211,11 @@ class FusedKernel:
         if storage is None:
             return
         if dead:
-            env[storage] = value  # stays in the kernel: never written back
+            # stays in the kernel, never written back; in the storage's layout, since views
+            # of it resolve with as_strided
+            if value.stride() != storage.stride or value.storage_offset() != 0:
+                value = torch.empty_strided(storage.shape, storage.stride, dtype=storage.dtype).copy_(value)
+            env[storage] = value
         else:
             storage.adopt(value)
 
