@@ -23,7 +23,7 @@ group becomes one launch: a fused kernel, or the op itself when it fuses with no
 from __future__ import annotations
 
 import logging
-import weakref
+from sys import getrefcount
 
 import cachetools
 
@@ -84,17 +84,13 @@ class PlanCache:
         self.hits = self.misses = self.evictions = 0
 
 
-def _alive(ref) -> bool:
-    return ref is not None and ref() is not None
-
-
 class AdaptiveSink:
     name = "adaptive"
 
     def __init__(self, policy: WindowPolicy | None = None) -> None:
         self.policy = policy or WindowPolicy()
         self.records: list = []
-        self.outputs: list = []  # per record: weak references to its output tensors
+        self.outputs: list = []  # per record: its output tensors, held until the flush
         self.plan_cache = PlanCache()
         self.kernel_cache = KernelCache()
         self.unfusable: set = set()
@@ -107,17 +103,18 @@ class AdaptiveSink:
             self.flush(f"barrier: {record.name}")
             self._launch_single(record)
             return
-        self.records.append(record)
-        self.outputs.append([None if t is None else weakref.ref(t) for t in outputs])
-        if CONFIG.launch_blocking:
-            self.flush("launch_blocking")
-            QUEUE.wait()
-            return
+        # The policy flushes *before* appending: the op being recorded has not yet handed
+        # its outputs to the caller, so it must not be judged dead in a flush now.
         count = len(self.records)
         if count >= self.policy.max_ops:
             self.flush("window_full")
         elif count >= self.policy.min_ops and QUEUE.backlog_us() <= self.policy.shallow_us:
             self.flush("queue_shallow")
+        self.records.append(record)
+        self.outputs.append(outputs)
+        if CONFIG.launch_blocking:
+            self.flush("launch_blocking")
+            QUEUE.wait()
 
     # -- flushing ----------------------------------------------------------------------
     def flush(self, reason: str) -> None:
@@ -136,8 +133,13 @@ class AdaptiveSink:
                 return False
             if storage.pinned or not self.policy.dead_intermediates or storage.has_live_view():
                 return True
-            refs = outputs[index]
-            return position < len(refs) and _alive(refs[position])
+            tensors = outputs[index]
+            if position >= len(tensors):
+                return True
+            # Referenced from anywhere but this window (the user, autograd's saved tensors,
+            # a container)? The window's list, this local and getrefcount's argument make 3.
+            tensor = tensors[position]
+            return tensor is not None and getrefcount(tensor) > 3
 
         key = self._window_key(records, escapes)
         plan = self.plan_cache.get(key)
@@ -150,20 +152,35 @@ class AdaptiveSink:
 
     @staticmethod
     def _window_key(records, escapes) -> tuple:
-        """The window's structure: each op's signature, where each of its tensors comes
-        from (local storage numbers: data flow and aliasing), whether its outputs escape."""
+        """The window's structure, flat: per op, its signature's number, then the local
+        number of each storage it reads, writes and produces (data flow and aliasing), and
+        whether each output escapes. Separators keep the encoding unambiguous."""
         local: dict = {}
         parts = []
+        append = parts.append
+        get = local.get
         for index, record in enumerate(records):
-            reads = tuple(local.setdefault(s, len(local)) for s in record.reads)
-            writes = tuple(local.setdefault(s, len(local)) for s in record.writes)
-            results = []
-            for position, storage in enumerate(record.results):
+            append(-record.key_id)
+            for storage in record.reads:
+                number = get(storage)
+                if number is None:
+                    number = local[storage] = len(local)
+                append(number)
+            append("w")
+            for storage in record.writes:
+                number = get(storage)
+                if number is None:
+                    number = local[storage] = len(local)
+                append(number)
+            append("r")
+            position = 0
+            for storage in record.results:
                 if storage is None:
-                    results.append(None)
+                    append(None)
                 else:
-                    results.append((local.setdefault(storage, len(local)), escapes(index, position)))
-            parts.append((record.key, reads, writes, tuple(results)))
+                    local[storage] = number = len(local)
+                    append(number if not escapes(index, position) else ~number)
+                position += 1
         return tuple(parts)
 
     def _launch(self, plan, records) -> None:

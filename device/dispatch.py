@@ -196,7 +196,8 @@ def launch(entry, args, kwargs):
         outputs.append(wrap_fresh(spec.shape, spec.stride, spec.dtype, storage, spec.signature))
     writes = tuple(_mutated_storages(entry, args, kwargs)) if entry.mutated else ()
     record = OpRecord(
-        entry.op, refs, kwrefs, nested, reads, writes, results, capture_location(), inference.cost, key, _STREAMS.current
+        entry.op, refs, kwrefs, nested, reads, writes, results, capture_location(), inference.cost, key,
+        inference.key_id, _STREAMS.current,
     )
     COUNTERS.ops_recorded += 1
     QUEUE.host_us += QUEUE.host_us_per_op

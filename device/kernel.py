@@ -54,16 +54,17 @@ class OpRecord:
     - ``results``: fresh storages for its outputs, in return order (None where the op
       returns no tensor);
     - ``cost``: an ``OpCost`` from the cost model;
-    - ``key``: the op and its argument metadata, the unit of the plan cache's keys;
+    - ``key``: the op and its argument metadata; ``key_id``: a small number standing for
+      it (never reused), the unit of the plan cache's keys;
     - ``location``: the user's line that issued it (raw; ``location.describe`` formats).
     """
 
     __slots__ = (
         "op", "args", "kwargs", "nested", "reads", "writes", "results", "location", "cost", "key",
-        "stream", "trace_id",
+        "key_id", "stream", "trace_id",
     )
 
-    def __init__(self, op, args, kwargs, nested, reads, writes, results, location, cost, key, stream):
+    def __init__(self, op, args, kwargs, nested, reads, writes, results, location, cost, key, key_id, stream):
         self.op = op
         self.args = args
         self.kwargs = kwargs
@@ -74,6 +75,7 @@ class OpRecord:
         self.location = location
         self.cost = cost
         self.key = key
+        self.key_id = key_id
         self.stream = stream
         self.trace_id = 0  # set by the timeline (device/trace.py) while tracing
 

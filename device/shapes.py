@@ -15,6 +15,8 @@ kernel was wrong.
 """
 from __future__ import annotations
 
+import itertools
+
 import cachetools
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -25,6 +27,7 @@ from .storage import storage_nbytes
 SHAPE_CACHE: cachetools.LRUCache = cachetools.LRUCache(maxsize=16384)
 
 NO_META = "no-meta"  # cached: this signature has no meta kernel
+_KEY_IDS = itertools.count(1)
 
 
 class MetaRejected(Exception):
@@ -57,9 +60,10 @@ class Inference:
     None); ``structure`` is "tensor", "tuple", "list" or "none" (how the op returns them).
     """
 
-    __slots__ = ("outputs", "structure", "cost", "resized")
+    __slots__ = ("outputs", "structure", "cost", "resized", "key_id")
 
     def __init__(self, outputs, structure, cost, resized=()) -> None:
+        self.key_id = next(_KEY_IDS)  # a small, never reused number for this signature
         self.outputs = outputs
         self.structure = structure
         self.cost = cost
@@ -133,6 +137,12 @@ def infer(entry, args, kwargs, is_device=lambda value: False) -> Inference | str
     op = entry.op
     meta_args = _to_meta(args)
     meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
+    for index, name in entry.mutated:
+        # Meta kernels skip the CPU's internal-overlap check on written tensors (an
+        # in-place op on an expanded tensor): let the CPU decide, and raise its error.
+        target = meta_args[index] if index < len(meta_args) else meta_kwargs.get(name)
+        if isinstance(target, torch.Tensor) and torch._debug_has_internal_overlap(target) == 1:
+            raise MetaRejected(RuntimeError("written-to tensor has internal overlap"))
     try:
         with _disable_current_modes():
             override = META_OVERRIDES.get(op)

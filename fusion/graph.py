@@ -60,24 +60,35 @@ def build_graph(records) -> nx.DiGraph:
     return graph
 
 
-def would_create_cycle(graph: nx.DiGraph, group_a, group_b) -> bool:
+def would_create_cycle(graph: nx.DiGraph, group_a, group_b, members_of=None) -> bool:
     """Would merging the node sets ``group_a`` and ``group_b`` into one kernel create a
     cycle among kernels?
 
     A breadth-first search from the merged group's outside users: if it comes back into
-    the group, some op outside the group would have to run both after and before it.
+    the group, some kernel outside would have to run both after and before it. Other
+    groups are whole kernels: ``members_of(node)`` gives the nodes of the group a node
+    belongs to (reaching one member of a kernel reaches all of it, since the kernel runs
+    as one launch); by default every node is a group of its own.
     """
     merged = set(group_a) | set(group_b)
-    frontier = deque(
-        successor for node in merged for successor in graph.successors(node) if successor not in merged
-    )
-    seen = set(frontier)
+    seen = set()
+    frontier = deque()
+
+    def reach(node) -> None:
+        for member in (members_of(node) if members_of is not None else (node,)):
+            if member not in seen:
+                seen.add(member)
+                frontier.append(member)
+
+    for node in merged:
+        for successor in graph.successors(node):
+            if successor not in merged:
+                reach(successor)
     while frontier:
         node = frontier.popleft()
         for successor in graph.successors(node):
             if successor in merged:
                 return True
             if successor not in seen:
-                seen.add(successor)
-                frontier.append(successor)
+                reach(successor)
     return False

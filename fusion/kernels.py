@@ -25,6 +25,7 @@ import torch
 
 from adaptive_eager.device.cost_model import PROFILE
 from adaptive_eager.device.kernel import flatten_results
+from adaptive_eager.device.storage import DeviceStorage
 
 # signatures of fused kernels that failed; the runtime drains it (worker -> host)
 FAILED_SIGNATURES: list = []
@@ -191,14 +192,31 @@ class FusedKernel:
             try:
                 if faults is not None:
                     faults.check(record.name)
-                result = record.run(env)
+                if record.nested or record.kwargs:
+                    result = record.run(env)
+                else:  # the common case, resolved inline
+                    args = []
+                    for value in record.args:
+                        if type(value) is DeviceStorage:
+                            tensor = env.get(value) if env else None
+                            value = tensor if tensor is not None else value.data
+                        args.append(value)
+                    result = record.op._op(*args)
                 if isinstance(result, torch.Tensor):
-                    self._keep(record.results[0], result, (offset, 0) in dead, env)
+                    storage = record.results[0]
+                    if storage is not None:
+                        if (offset, 0) in dead:
+                            self._keep_dead(storage, result, env)
+                        else:
+                            storage.adopt(result)
                 else:
                     for position, value in enumerate(flatten_results(result)):
                         storage = record.results[position] if position < len(record.results) else None
                         if storage is not None and value is not None:
-                            self._keep(storage, value, (offset, position) in dead, env)
+                            if (offset, position) in dead:
+                                self._keep_dead(storage, value, env)
+                            else:
+                                storage.adopt(value)
             except Exception as error:  # replay the rest op by op, strict eager's rules
                 failed = True
                 queue.fail(record.failure(error, self.spec.name, queue.completed + 1, env), record.written())
@@ -207,17 +225,12 @@ class FusedKernel:
                 FAILED_SIGNATURES.append(self.spec.signature)
 
     @staticmethod
-    def _keep(storage, value, dead: bool, env: dict) -> None:
-        if storage is None:
-            return
-        if dead:
-            # stays in the kernel, never written back; in the storage's layout, since views
-            # of it resolve with as_strided
-            if value.stride() != storage.stride or value.storage_offset() != 0:
-                value = torch.empty_strided(storage.shape, storage.stride, dtype=storage.dtype).copy_(value)
-            env[storage] = value
-        else:
-            storage.adopt(value)
+    def _keep_dead(storage, value, env: dict) -> None:
+        """Keep a dead intermediate in the kernel: never written back. In the storage's
+        layout, since views of it resolve with as_strided."""
+        if value.stride() != storage.stride or value.storage_offset() != 0:
+            value = torch.empty_strided(storage.shape, storage.stride, dtype=storage.dtype).copy_(value)
+        env[storage] = value
 
     @staticmethod
     def _skip_poisoned(record, queue) -> bool:

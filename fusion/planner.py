@@ -56,7 +56,7 @@ class Refusal(str):
     """A reason not to fuse (a str, so it counts and logs as itself)."""
 
 
-def can_fuse(producer: Group, consumer: Group, edge, kinds, records, graph, unfusable) -> Refusal | None:
+def can_fuse(producer: Group, consumer: Group, edge, kinds, records, graph, unfusable, members_of=None) -> Refusal | None:
     """Legality of merging ``producer`` into ``consumer``, joined by the data-flow ``edge``
     (producer position, consumer position). Returns None when legal, else the reason."""
     for group in (producer, consumer):
@@ -71,15 +71,15 @@ def can_fuse(producer: Group, consumer: Group, edge, kinds, records, graph, unfu
         if producer.numels != consumer.numels:
             return Refusal("different iteration spaces")
     else:
+        if anchored.anchor_kind == MATMUL and edge[1] == anchored.anchor:
+            return Refusal("a matmul takes no prologue")
         other = consumer if anchored is producer else producer
         if not other.numels <= anchored.numels:
             return Refusal(f"different iteration spaces around a {anchored.anchor_kind}")
-        if anchored.anchor_kind == MATMUL and edge[1] == anchored.anchor:
-            return Refusal("a matmul takes no prologue")
     members = producer.members + consumer.members
     if unfusable and group_key(sorted(members), records) in unfusable:
         return Refusal("marked unfusable after a failure")
-    if would_create_cycle(graph, producer.members, consumer.members):
+    if would_create_cycle(graph, producer.members, consumer.members, members_of):
         return Refusal("would create a cycle")
     return None
 
@@ -126,6 +126,9 @@ def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None) -> P
     group_of = list(range(count))
     refusals: dict = {}
 
+    def members_of(node):
+        return groups[group_of[node]].members
+
     candidates = sorted(
         ((score(u, v, records), u, v) for u, v, kind in graph.edges(data="kind") if kind == "raw"),
         key=lambda item: (-item[0], item[1], item[2]),
@@ -134,7 +137,7 @@ def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None) -> P
         a, b = group_of[u], group_of[v]
         if a == b:
             continue
-        reason = can_fuse(groups[a], groups[b], (u, v), kinds, records, graph, unfusable)
+        reason = can_fuse(groups[a], groups[b], (u, v), kinds, records, graph, unfusable, members_of)
         if reason is not None:
             refusals[reason] = refusals.get(reason, 0) + 1
             LOG.debug("not fusing %s -> %s: %s", records[u].name, records[v].name, reason)

@@ -1,0 +1,242 @@
+"""Adaptive eager's fusion rules: exact kernel counts per rule, numbers equal to CPU, and
+negative tests named for what must not fuse and why."""
+import logging
+
+import networkx as nx
+import pytest
+import torch
+import torch.nn.functional as F
+
+import adaptive_eager
+from adaptive_eager.fusion.graph import would_create_cycle
+from adaptive_eager.mode import _adaptive_sink
+from conftest import assert_same
+
+
+@pytest.fixture(autouse=True)
+def one_window(adaptive_mode):
+    """Adaptive eager, with the window flushed only at sync points: each test's ops form
+    one window, so its kernel count depends on the fusion rules alone."""
+    policy = _adaptive_sink().policy
+    saved = (policy.min_ops, policy.max_ops)
+    policy.min_ops, policy.max_ops = 10**6, 10**6
+    yield
+    policy.min_ops, policy.max_ops = saved
+
+
+def device(*tensors):
+    out = [t.to("neuron") for t in tensors]
+    torch.neuron.synchronize()
+    adaptive_eager.reset_stats()
+    return out
+
+
+def kernels():
+    stats = adaptive_eager.stats()
+    return stats["kernels_launched"], sorted(stats["kernels"])
+
+
+# -- what fuses -------------------------------------------------------------------------
+
+
+def test_pointwise_chain_fuses_into_one_kernel():
+    x = torch.randn(8, 16)
+    (d,) = device(x)
+    assert_same((d * 2 + 1).relu(), (x * 2 + 1).relu())
+    assert kernels() == (1, ["mul|add|relu"])
+    stats = adaptive_eager.stats()
+    assert stats["fused_kernels"] == 1 and stats["ops_fused"] == 3
+    # two intermediates stay in registers: each saves a write and a read of 512 B
+    assert stats["dead_intermediates"] == 2
+    assert stats["bytes_saved"] == 2 * 2 * 8 * 16 * 4
+
+
+def test_pointwise_chain_with_broadcasting_and_type_promotion():
+    x, y, z = torch.randn(4, 8), torch.randn(8), torch.arange(4).view(4, 1)
+    dx, dy, dz = device(x, y, z)
+    assert_same(torch.sigmoid(dx * dy + dz) - dz, torch.sigmoid(x * y + z) - z)
+    assert kernels() == (1, ["mul|add|sigmoid|sub"])
+
+
+def test_reduction_fuses_with_its_prologue_and_epilogue():
+    x = torch.randn(16, 32)
+    (d,) = device(x)
+    assert_same((d.exp() * 2).sum(-1).sqrt() + 1, (x.exp() * 2).sum(-1).sqrt() + 1)
+    assert kernels() == (1, ["exp|mul|sum|sqrt|add"])
+
+
+def test_matmul_fuses_with_bias_activation_and_residual_epilogue():
+    a, w, b, r = torch.randn(8, 16), torch.randn(32, 16), torch.randn(32), torch.randn(8, 32)
+    da, dw, db, dr = device(a, w, b, r)
+    assert_same(F.relu(F.linear(da, dw, db)) + dr, F.relu(F.linear(a, w, b)) + r)
+    assert kernels() == (1, ["addmm|relu|add"])
+
+
+def test_random_ops_fuse_and_keep_the_cpu_numbers():
+    x = torch.randn(64)
+    (d,) = device(x)
+    torch.manual_seed(5)
+    result = F.dropout(d * 2, p=0.5, training=True) + 1
+    torch.manual_seed(5)
+    assert_same(result, F.dropout(x * 2, p=0.5, training=True) + 1)
+    assert kernels()[0] == 1
+
+
+# -- what must not fuse -----------------------------------------------------------------
+
+
+def test_matmul_takes_no_prologue():
+    a, w = torch.randn(8, 16), torch.randn(16, 4)
+    da, dw = device(a, w)
+    assert_same((da * 2) @ dw, (a * 2) @ w)
+    assert kernels() == (2, ["aten::mm", "aten::mul"])
+    assert adaptive_eager.stats()["refusals"] == {"a matmul takes no prologue": 1}
+
+
+def test_two_reductions_do_not_share_a_kernel():
+    x = torch.randn(8, 16)
+    (d,) = device(x)
+    assert_same(d.sum(-1).amax(), x.sum(-1).amax())
+    assert kernels()[0] == 2
+    assert "two anchors (reduction and reduction) in one kernel" in adaptive_eager.stats()["refusals"]
+
+
+def test_opaque_op_runs_alone_between_fused_chains():
+    weight, index = torch.randn(10, 4), torch.tensor([1, 3, 3])
+    dw, di = device(weight, index)
+    assert_same(F.embedding(di, dw * 2) + 1, F.embedding(index, weight * 2) + 1)
+    assert kernels() == (3, ["aten::add", "aten::embedding", "aten::mul"])
+
+
+def test_barrier_between_ops_blocks_fusion():
+    x = torch.randn(16)
+    (d,) = device(x)
+    y = d * 2
+    assert y.sum().item() == pytest.approx((x * 2).sum().item(), rel=1e-6)  # a sync point
+    assert_same(y + 1, x * 2 + 1)
+    launched, names = kernels()
+    assert launched == 2 and names == ["add", "mul|sum"] or names == ["aten::add", "mul|sum"]
+    assert adaptive_eager.stats()["flushes"]["by_reason"]["host_read"] >= 1
+
+
+def test_value_read_after_inplace_write_through_view_sees_the_write():
+    x = torch.randn(4, 6)
+    (d,) = device(x)
+    y_dev, y_cpu = d * 2, x * 2
+    before_dev, before_cpu = y_dev.sum(), y_cpu.sum()  # reads y before the write
+    y_dev[1].add_(10)  # in-place through a view of y
+    y_cpu[1].add_(10)
+    after_dev, after_cpu = y_dev.sum(), y_cpu.sum()  # reads y after the write
+    assert_same(before_dev, before_cpu)
+    assert_same(after_dev, after_cpu)
+    assert_same(y_dev, y_cpu)
+
+
+def test_escaping_intermediate_is_still_written_back():
+    x = torch.randn(32)
+    (d,) = device(x)
+    kept = d * 3  # the user keeps this intermediate
+    out = (kept + 1).relu()
+    assert_same(out, (x * 3 + 1).relu())
+    assert kernels() == (1, ["mul|add|relu"])
+    stats = adaptive_eager.stats()
+    assert stats["dead_intermediates"] == 1  # only kept + 1 stays in registers
+    assert_same(kept, x * 3)
+
+
+def test_intermediate_saved_for_backward_is_written_back():
+    x = torch.randn(16, requires_grad=True)
+    d = x.detach().to("neuron").requires_grad_()
+    torch.neuron.synchronize()
+    (torch.tanh(d * 2) * 3).sum().backward()  # tanh's output is saved for backward
+    (torch.tanh(x * 2) * 3).sum().backward()
+    assert_same(d.grad, x.grad)
+
+
+def test_cycle_making_merge_is_refused():
+    # mul -> embedding (opaque) -> add, and mul -> add: fusing mul with add would put the
+    # embedding both before and after their kernel.
+    weight, index = torch.randn(6, 4), torch.tensor([5, 0, 2, 2, 1, 3])
+    dw, di = device(weight, index)
+    a = dw * 2
+    c = F.embedding(di, a)  # opaque, reads a
+    out = a + c  # reads a and c
+    assert_same(out, weight * 2 + F.embedding(index, weight * 2))
+    assert adaptive_eager.stats()["refusals"].get("would create a cycle", 0) >= 1
+    assert kernels()[0] == 3
+
+
+def test_would_create_cycle_is_a_bfs_from_the_groups_outside_users():
+    graph = nx.DiGraph([(0, 1), (1, 2), (0, 2), (2, 3)])
+    assert would_create_cycle(graph, {0}, {2})  # 0 -> 1 -> 2: 1 would be inside and out
+    assert not would_create_cycle(graph, {0}, {1})
+    assert not would_create_cycle(graph, {1}, {2})
+    assert not would_create_cycle(graph, {0, 1}, {2})
+    assert not would_create_cycle(graph, {2}, {3})
+    # through another kernel: 0 -> 1 and 2 -> 3 where {1, 2} already run as one kernel
+    split = nx.DiGraph([(0, 1), (2, 3), (0, 3)])
+    groups = {0: [0], 1: [1, 2], 2: [1, 2], 3: [3]}
+    assert not would_create_cycle(split, {0}, {3})  # node by node, no path comes back
+    assert would_create_cycle(split, {0}, {3}, groups.__getitem__)  # but kernel {1, 2} does
+
+
+def test_refusals_are_logged_at_debug(caplog):
+    a, w = torch.randn(4, 4), torch.randn(4, 4)
+    da, dw = device(a, w)
+    with caplog.at_level(logging.DEBUG, logger="adaptive_eager.fusion"):
+        adaptive_eager.reset_stats()
+        _adaptive_sink().plan_cache.clear()
+        ((da * 2) @ dw).cpu()
+    assert any("a matmul takes no prologue" in message for message in caplog.messages)
+
+
+# -- caches, failure, determinism ---------------------------------------------------------
+
+
+def test_plan_and_kernel_caches_hit_on_repeated_windows():
+    x = torch.randn(8)
+    (d,) = device(x)
+    _adaptive_sink().plan_cache.clear()
+    adaptive_eager.reset_stats()
+    for _ in range(5):
+        ((d * 2 + 1).relu()).cpu()
+    stats = adaptive_eager.stats()
+    assert stats["plan_cache"]["misses"] == 1 and stats["plan_cache"]["hits"] == 4
+    assert stats["kernel_cache"]["misses"] + stats["kernel_cache"]["hits"] == 1
+
+
+def test_failed_fused_kernel_names_the_exact_op_and_becomes_unfusable():
+    x = torch.randn(8)
+    (d,) = device(x)
+    adaptive_eager.inject_fault("aten::add", 1)
+    out = (d * 2 + 1).relu()
+    with pytest.raises(adaptive_eager.NeuronRuntimeError, match=r"(?s)aten::add \(inside fused kernel 'mul\|add\|relu'\).*test_fusion_rules.py:\d+") as info:
+        out.cpu()
+    assert info.value.op_name == "aten::add"
+    again = (d * 2 + 1).relu()  # the same chain: replayed op by op, now unfused
+    assert_same(again, (x * 2 + 1).relu())
+    stats = adaptive_eager.stats()
+    assert stats["replays"] == 1
+    assert "marked unfusable after a failure" in stats["refusals"]
+
+
+def test_window_full_stream_change_and_queue_shallow_flushes():
+    policy = _adaptive_sink().policy
+    x = torch.randn(8)
+    (d,) = device(x)
+    policy.max_ops = 4
+    y = d
+    for _ in range(10):
+        y = y + 1
+    policy.max_ops = 10**6
+    with torch.neuron.stream(torch.neuron.Stream()):
+        z = y * 2
+    policy.min_ops, policy.shallow_us = 2, 10**9  # always "starved": flush early
+    w = z - 1
+    w = w - 1
+    w = w - 1
+    assert_same(w, x + 10 - 3 if False else (x + 10) * 2 - 3)
+    reasons = adaptive_eager.stats()["flushes"]["by_reason"]
+    assert reasons["window_full"] == 2
+    assert reasons["stream_change"] >= 1
+    assert reasons["queue_shallow"] >= 1
