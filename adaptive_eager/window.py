@@ -28,6 +28,7 @@ from sys import getrefcount
 import cachetools
 
 from .device.config import CONFIG, env_flag, env_float
+from .device.cost_model import PROFILE
 from .device.queue import QUEUE
 from .fusion.categories import BARRIER, category
 from .fusion.kernels import FAILED_SIGNATURES, FusedKernel, KernelCache
@@ -45,6 +46,8 @@ class WindowPolicy:
         self.min_ops = int(env_float("NEURON_ADAPTIVE_MIN_WINDOW", 8))
         self.shallow_us = env_float("NEURON_ADAPTIVE_SHALLOW_US", 20.0)
         self.dead_intermediates = env_flag("NEURON_ADAPTIVE_ELIMINATE_DEAD", True)
+        # the on-chip rule's budget: one NeuronCore's SBUF (0 turns the rule off)
+        self.on_chip_bytes = int(env_float("NEURON_ADAPTIVE_ON_CHIP_MB", PROFILE.sbuf_bytes / (1 << 20)) * (1 << 20))
 
 
 class PlanCache:
@@ -144,7 +147,7 @@ class AdaptiveSink:
         key = self._window_key(records, escapes)
         plan = self.plan_cache.get(key)
         if plan is None:
-            plan = plan_window(records, escapes, self.unfusable, self.kernel_cache)
+            plan = plan_window(records, escapes, self.unfusable, self.kernel_cache, self.policy.on_chip_bytes)
             self.plan_cache.put(key, plan)
             for reason_text, count in plan.refusals.items():
                 FUSION.refusals[reason_text] += count

@@ -43,6 +43,9 @@ class DeviceProfile:
     launch_overhead_us: float = dataclasses.field(
         default_factory=lambda: env_float("NEURON_SIM_LAUNCH_US", 10.0)
     )
+    # On-chip memory of one NeuronCore-v3 (SBUF, 24 MiB): what a fused kernel can keep
+    # resident; the adaptive runtime's on-chip fusion rule uses it as its budget.
+    sbuf_bytes: int = 24 * (1 << 20)
     # Inter-chip link for collectives: NeuronLink inside a node (assumed 100 GB/s per
     # direction per link for the simulation).
     link_bandwidth_bytes_per_s: float = 100e9

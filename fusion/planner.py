@@ -36,9 +36,15 @@ _ANCHORS = (REDUCTION, MATMUL)
 
 
 class Group:
-    """A set of window positions on its way to becoming one kernel."""
+    """A set of window positions on its way to becoming one kernel.
 
-    __slots__ = ("members", "anchor", "anchor_kind", "numels")
+    ``footprint`` maps each storage the group touches to its bytes: the working set the
+    kernel would keep on chip. ``on_chip_only`` marks a group that only the on-chip rule
+    allowed (several anchors, opaque ops, mixed iteration spaces): it may grow further
+    only while its working set still fits.
+    """
+
+    __slots__ = ("members", "anchor", "anchor_kind", "numels", "footprint", "on_chip_only")
 
     def __init__(self, index: int, kind: str, record) -> None:
         self.members = [index]
@@ -50,20 +56,48 @@ class Group:
         else:
             self.anchor, self.anchor_kind = None, None
             self.numels = {cost.numel}
+        footprint: dict = {}
+        for storages, sizes in ((record.reads, cost.read_bytes), (record.writes, cost.write_bytes), (record.results, cost.result_bytes)):
+            for storage, nbytes in zip(storages, sizes):
+                if storage is not None and nbytes > footprint.get(storage, 0):
+                    footprint[storage] = nbytes
+        self.footprint = footprint
+        self.on_chip_only = kind in (OPAQUE, BARRIER)
+
+    def merged_footprint(self, other: "Group") -> int:
+        mine = self.footprint
+        total = sum(mine.values())
+        for storage, nbytes in other.footprint.items():
+            held = mine.get(storage)
+            if held is None:
+                total += nbytes
+            elif nbytes > held:
+                total += nbytes - held
+        return total
+
+    def absorb(self, other: "Group", on_chip_only: bool) -> None:
+        self.members += other.members
+        if self.anchor is None and other.anchor is not None:
+            self.anchor, self.anchor_kind, self.numels = other.anchor, other.anchor_kind, other.numels
+        for storage, nbytes in other.footprint.items():
+            if nbytes > self.footprint.get(storage, 0):
+                self.footprint[storage] = nbytes
+        self.on_chip_only = self.on_chip_only or other.on_chip_only or on_chip_only
 
 
 class Refusal(str):
     """A reason not to fuse (a str, so it counts and logs as itself)."""
 
 
-def can_fuse(producer: Group, consumer: Group, edge, kinds, records, graph, unfusable, members_of=None) -> Refusal | None:
-    """Legality of merging ``producer`` into ``consumer``, joined by the data-flow ``edge``
-    (producer position, consumer position). Returns None when legal, else the reason."""
+def loop_rules(producer: Group, consumer: Group, edge, kinds, records) -> Refusal | None:
+    """What a kernel that streams its tensors through device memory can hold (see the
+    module docstring): one anchor, one iteration space, no matmul prologue, no opaque op."""
     for group in (producer, consumer):
         for index in group.members:
-            kind = kinds[index]
-            if kind in (OPAQUE, BARRIER):
+            if kinds[index] in (OPAQUE, BARRIER):
                 return Refusal(f"opaque op: {records[index].name}")
+        if group.on_chip_only:
+            return Refusal("working set exceeds on-chip memory")
     if producer.anchor is not None and consumer.anchor is not None:
         return Refusal(f"two anchors ({producer.anchor_kind} and {consumer.anchor_kind}) in one kernel")
     anchored = producer if producer.anchor is not None else consumer if consumer.anchor is not None else None
@@ -76,12 +110,34 @@ def can_fuse(producer: Group, consumer: Group, edge, kinds, records, graph, unfu
         other = consumer if anchored is producer else producer
         if not other.numels <= anchored.numels:
             return Refusal(f"different iteration spaces around a {anchored.anchor_kind}")
+    return None
+
+
+def can_fuse(producer: Group, consumer: Group, edge, kinds, records, graph, unfusable,
+             members_of=None, on_chip_bytes: int = 0) -> tuple:
+    """Legality of merging ``producer`` into ``consumer``, joined by the data-flow ``edge``
+    (producer position, consumer position).
+
+    Returns ``(None, on_chip)`` when legal, ``on_chip`` saying that only the on-chip rule
+    allowed it; else ``(reason, False)``. The on-chip rule: ops whose combined working set
+    fits in ``on_chip_bytes`` (one NeuronCore's SBUF) may share a kernel whatever their
+    categories, as in a compiled subgraph; beyond that, the loop rules decide.
+    """
+    reason = loop_rules(producer, consumer, edge, kinds, records)
+    on_chip = False
+    if reason is not None:
+        if on_chip_bytes and producer.merged_footprint(consumer) <= on_chip_bytes and not any(
+            kinds[index] == BARRIER for index in producer.members + consumer.members
+        ):
+            on_chip = True
+        else:
+            return reason, False
     members = producer.members + consumer.members
     if unfusable and group_key(sorted(members), records) in unfusable:
-        return Refusal("marked unfusable after a failure")
+        return Refusal("marked unfusable after a failure"), False
     if would_create_cycle(graph, producer.members, consumer.members, members_of):
-        return Refusal("would create a cycle")
-    return None
+        return Refusal("would create a cycle"), False
+    return None, on_chip
 
 
 def score(producer_index: int, consumer_index: int, records) -> int:
@@ -113,7 +169,7 @@ class Plan:
         self.refusals = refusals
 
 
-def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None) -> Plan:
+def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_chip_bytes: int = 0) -> Plan:
     """Group the window's records into kernels.
 
     ``escapes(index, position)`` tells whether a record's output is still referenced from
@@ -137,16 +193,16 @@ def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None) -> P
         a, b = group_of[u], group_of[v]
         if a == b:
             continue
-        reason = can_fuse(groups[a], groups[b], (u, v), kinds, records, graph, unfusable, members_of)
+        reason, on_chip = can_fuse(
+            groups[a], groups[b], (u, v), kinds, records, graph, unfusable, members_of, on_chip_bytes
+        )
         if reason is not None:
             refusals[reason] = refusals.get(reason, 0) + 1
             LOG.debug("not fusing %s -> %s: %s", records[u].name, records[v].name, reason)
             continue
         keep, gone = (a, b) if len(groups[a].members) >= len(groups[b].members) else (b, a)
         kept, merged = groups[keep], groups.pop(gone)
-        kept.members += merged.members
-        if kept.anchor is None and merged.anchor is not None:
-            kept.anchor, kept.anchor_kind, kept.numels = merged.anchor, merged.anchor_kind, merged.numels
+        kept.absorb(merged, on_chip)
         for index in merged.members:
             group_of[index] = keep
 

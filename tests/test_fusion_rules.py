@@ -16,12 +16,15 @@ from conftest import assert_same
 @pytest.fixture(autouse=True)
 def one_window(adaptive_mode):
     """Adaptive eager, with the window flushed only at sync points: each test's ops form
-    one window, so its kernel count depends on the fusion rules alone."""
+    one window, so its kernel count depends on the fusion rules alone. The loop rules are
+    tested on their own (on-chip fusion off), the on-chip rule at the end."""
     policy = _adaptive_sink().policy
-    saved = (policy.min_ops, policy.max_ops)
-    policy.min_ops, policy.max_ops = 10**6, 10**6
+    saved = (policy.min_ops, policy.max_ops, policy.on_chip_bytes)
+    policy.min_ops, policy.max_ops, policy.on_chip_bytes = 10**6, 10**6, 0
+    _adaptive_sink().plan_cache.clear()
     yield
-    policy.min_ops, policy.max_ops = saved
+    policy.min_ops, policy.max_ops, policy.on_chip_bytes = saved
+    _adaptive_sink().plan_cache.clear()
 
 
 def device(*tensors):
@@ -240,3 +243,29 @@ def test_window_full_stream_change_and_queue_shallow_flushes():
     assert reasons["window_full"] == 2
     assert reasons["stream_change"] >= 1
     assert reasons["queue_shallow"] >= 1
+
+
+# -- the on-chip rule ---------------------------------------------------------------------
+
+
+def test_small_working_set_fuses_across_anchors_on_chip():
+    policy = _adaptive_sink().policy
+    policy.on_chip_bytes = 24 << 20  # one NeuronCore's SBUF
+    x, w = torch.randn(1, 32), torch.randn(32, 32)
+    dx, dw = device(x, w)
+    h = F.layer_norm(dx, (32,))
+    out = torch.softmax(h @ dw, -1) @ dw  # reduction, matmul, reduction, matmul
+    expected = torch.softmax(F.layer_norm(x, (32,)) @ w, -1) @ w
+    assert_same(out, expected)
+    assert kernels() == (1, ["native_layer_norm|mm|_softmax|mm"])
+
+
+def test_large_working_set_keeps_the_loop_rules():
+    policy = _adaptive_sink().policy
+    policy.on_chip_bytes = 24 << 20
+    x, w = torch.randn(2048, 1024), torch.randn(1024, 1024)  # 8 MiB + 4 MiB + 8 MiB outputs
+    dx, dw = device(x, w)
+    out = torch.softmax((dx * 2) @ dw, -1)
+    assert_same(out, torch.softmax((x * 2) @ w, -1), rtol=1e-4, atol=1e-5)
+    assert kernels()[0] == 3
+    assert "a matmul takes no prologue" in adaptive_eager.stats()["refusals"]

@@ -1,0 +1,249 @@
+"""Benchmark workloads, written the way users write them: fixed seeds, moderate sizes for
+two cores, and ``.to(device)`` as the only device-specific code.
+
+Each workload is a :class:`Workload`: ``build(device)`` returns a ``step()`` callable that
+runs one training (or decoding) step and returns a CPU tensor to compare across modes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class Workload:
+    name: str
+    description: str
+    build: Callable[[str], Callable[[], torch.Tensor]]
+    steps: int = 5
+    quick_steps: int = 3
+
+
+# -- mlp ---------------------------------------------------------------------------------
+
+
+def build_mlp(device: str):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(1)
+    x, y = torch.randn(64, 256, generator=generator), torch.randint(0, 10, (64,), generator=generator)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x.to(device)), y.to(device))
+        loss.backward()
+        optimizer.step()
+        return loss.detach().cpu()
+
+    return step
+
+
+# -- cnn ---------------------------------------------------------------------------------
+
+
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        self.head = nn.Linear(32 * 8 * 8, 10)
+
+    def forward(self, x):
+        return self.head(torch.flatten(self.features(x), 1))
+
+
+def build_cnn(device: str):
+    torch.manual_seed(0)
+    model = ConvNet().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    generator = torch.Generator().manual_seed(1)
+    x, y = torch.randn(16, 3, 32, 32, generator=generator), torch.randint(0, 10, (16,), generator=generator)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x.to(device)), y.to(device))
+        loss.backward()
+        optimizer.step()
+        return loss.detach().cpu()
+
+    return step
+
+
+# -- gpt ---------------------------------------------------------------------------------
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        batch, seq, dim = x.shape
+        q, k, v = self.qkv(x).split(dim, dim=2)
+        q = q.view(batch, seq, self.heads, -1).transpose(1, 2)
+        k = k.view(batch, seq, self.heads, -1).transpose(1, 2)
+        v = v.view(batch, seq, self.heads, -1).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        mask = torch.tril(torch.ones(seq, seq, device=x.device)).view(1, 1, seq, seq)
+        att = att.masked_fill(mask == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(batch, seq, dim)
+        return self.proj(y)
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(dim)
+        self.attn = CausalSelfAttention(dim, heads)
+        self.ln_2 = nn.LayerNorm(dim)
+        self.mlp = nn.ModuleDict(dict(c_fc=nn.Linear(dim, 4 * dim), c_proj=nn.Linear(4 * dim, dim)))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        h = self.mlp.c_fc(self.ln_2(x))
+        h = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, 3.0))))
+        return x + self.mlp.c_proj(h)
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int = 256, dim: int = 128, heads: int = 4, layers: int = 2, seq: int = 64) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(vocab, dim)
+        self.wpe = nn.Embedding(seq, dim)
+        self.blocks = nn.ModuleList(GPTBlock(dim, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, idx):
+        positions = torch.arange(0, idx.size(1), dtype=torch.long, device=idx.device)
+        x = self.wte(idx) + self.wpe(positions)
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def build_gpt(device: str):
+    torch.manual_seed(0)
+    model = GPT().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 256, (8, 65), generator=generator)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    def step():
+        logits = model(x.to(device))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.to(device).reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        return loss.detach().cpu()
+
+    return step
+
+
+# -- decode --------------------------------------------------------------------------------
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln_1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.ln_2 = nn.LayerNorm(dim)
+        self.fc = nn.Linear(dim, 4 * dim)
+        self.out = nn.Linear(4 * dim, dim)
+
+    def forward(self, x, cache):
+        batch, seq, dim = x.shape
+        q, k, v = self.qkv(self.ln_1(x)).split(dim, dim=2)
+        q, k, v = (t.view(batch, seq, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+        if cache is not None:
+            k = torch.cat([cache[0], k], dim=2)
+            v = torch.cat([cache[1], v], dim=2)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+        att = F.softmax(att, dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(batch, seq, dim)
+        x = x + self.proj(y)
+        x = x + self.out(F.gelu(self.fc(self.ln_2(x))))
+        return x, (k, v)
+
+
+class Decoder(nn.Module):
+    def __init__(self, vocab: int = 256, dim: int = 128, heads: int = 4, layers: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList(DecoderLayer(dim, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens, caches=None):
+        x = self.embed(tokens)
+        caches = caches or [None] * len(self.layers)
+        new_caches = []
+        for layer, cache in zip(self.layers, caches):
+            x, cache = layer(x, cache)
+            new_caches.append(cache)
+        return self.head(self.ln(x)), new_caches
+
+
+def build_decode(device: str, new_tokens: int = 16):
+    torch.manual_seed(0)
+    model = Decoder().to(device).eval()
+    prompt = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(1))
+
+    @torch.no_grad()
+    def step():
+        tokens = prompt.to(device)
+        logits, caches = model(tokens)
+        generated = []
+        for _ in range(new_tokens):
+            next_token = logits[:, -1].argmax(-1, keepdim=True)
+            generated.append(next_token)
+            logits, caches = model(next_token, caches)
+        return torch.cat(generated, dim=1).cpu()
+
+    return step
+
+
+# -- optimizer ---------------------------------------------------------------------------
+
+
+def build_optimizer(device: str):
+    torch.manual_seed(0)
+    params = [nn.Parameter(torch.randn(64, 64).to(device)) for _ in range(24)]
+    params += [nn.Parameter(torch.randn(64).to(device)) for _ in range(24)]
+    for p in params:
+        p.grad = torch.randn_like(p) * 0.01
+    optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+
+    def step():
+        optimizer.step()
+        return params[0].detach()[0].cpu()
+
+    return step
+
+
+WORKLOADS = {
+    w.name: w
+    for w in [
+        Workload("mlp", "3-layer MLP, batch 64, AdamW training step", build_mlp),
+        Workload("cnn", "conv/batchnorm/relu/pool, batch 16 of 32x32, SGD momentum step", build_cnn),
+        Workload("gpt", "2 GPT-2 blocks (hand-written attention, LayerNorm, tanh GELU), 8x64 tokens, AdamW", build_gpt),
+        Workload("decode", "greedy decoding of 16 tokens with a KV cache, batch 1, 2 layers", build_decode, steps=3, quick_steps=2),
+        Workload("optimizer", "AdamW step over 48 small parameters", build_optimizer),
+    ]
+}
