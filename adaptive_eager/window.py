@@ -43,7 +43,7 @@ class WindowPolicy:
 
     def __init__(self) -> None:
         self.max_ops = int(env_float("NEURON_ADAPTIVE_WINDOW", 128))
-        self.min_ops = int(env_float("NEURON_ADAPTIVE_MIN_WINDOW", 8))
+        self.min_ops = int(env_float("NEURON_ADAPTIVE_MIN_WINDOW", 16))
         self.shallow_us = env_float("NEURON_ADAPTIVE_SHALLOW_US", 20.0)
         self.dead_intermediates = env_flag("NEURON_ADAPTIVE_ELIMINATE_DEAD", True)
         # the on-chip rule's budget: one NeuronCore's SBUF (0 turns the rule off)
@@ -129,52 +129,65 @@ class AdaptiveSink:
         FUSION.flushes[reason] += 1
         if FAILED_SIGNATURES:
             self._mark_failed_unfusable()
-
-        def escapes(index: int, position: int) -> bool:
-            storage = records[index].results[position]
-            if storage is None:
-                return False
-            if storage.pinned or not self.policy.dead_intermediates or storage.has_live_view():
-                return True
-            tensors = outputs[index]
-            if position >= len(tensors):
-                return True
-            # Referenced from anywhere but this window (the user, autograd's saved tensors,
-            # a container)? The window's list, this local and getrefcount's argument make 3.
-            tensor = tensors[position]
-            return tensor is not None and getrefcount(tensor) > 3
-
-        key = self._window_key(records, escapes)
+        escaping = self._escaping(records, outputs)
+        key = self._window_key(records, escaping)
         plan = self.plan_cache.get(key)
         if plan is None:
-            plan = plan_window(records, escapes, self.unfusable, self.kernel_cache, self.policy.on_chip_bytes)
+            plan = plan_window(
+                records, lambda index, position: (index, position) in escaping, self.unfusable,
+                self.kernel_cache, self.policy.on_chip_bytes,
+            )
             self.plan_cache.put(key, plan)
             for reason_text, count in plan.refusals.items():
                 FUSION.refusals[reason_text] += count
         self._launch(plan, records)
 
+    def _escaping(self, records, outputs) -> set:
+        """(record, output position) of every output still needed after the flush: one
+        referenced from anywhere but this window (the user, autograd's saved tensors, a
+        container), viewed by a live view, or pinned."""
+        escaping = set()
+        keep_all = not self.policy.dead_intermediates
+        for index, record in enumerate(records):
+            tensors = outputs[index]
+            position = 0
+            for storage in record.results:
+                if storage is not None:
+                    if keep_all or storage.pinned or storage.views is not None and storage.has_live_view():
+                        escaping.add((index, position))
+                    else:
+                        tensor = tensors[position] if position < len(tensors) else storage
+                        # the window's list, this local and getrefcount's argument make 3
+                        if tensor is storage or tensor is not None and getrefcount(tensor) > 3:
+                            escaping.add((index, position))
+                position += 1
+        return escaping
+
     @staticmethod
-    def _window_key(records, escapes) -> tuple:
+    def _window_key(records, escaping) -> tuple:
         """The window's structure, flat: per op, its signature's number, then the local
-        number of each storage it reads, writes and produces (data flow and aliasing), and
-        whether each output escapes. Separators keep the encoding unambiguous."""
+        number of each storage it reads, writes and produces (data flow and aliasing),
+        an escaping output's number complemented. Separators keep the encoding unambiguous."""
         local: dict = {}
         parts = []
         append = parts.append
         get = local.get
-        for index, record in enumerate(records):
+        index = 0
+        for record in records:
             append(-record.key_id)
             for storage in record.reads:
                 number = get(storage)
                 if number is None:
                     number = local[storage] = len(local)
                 append(number)
-            append("w")
-            for storage in record.writes:
-                number = get(storage)
-                if number is None:
-                    number = local[storage] = len(local)
-                append(number)
+            writes = record.writes
+            if writes:
+                append("w")
+                for storage in writes:
+                    number = get(storage)
+                    if number is None:
+                        number = local[storage] = len(local)
+                    append(number)
             append("r")
             position = 0
             for storage in record.results:
@@ -182,24 +195,28 @@ class AdaptiveSink:
                     append(None)
                 else:
                     local[storage] = number = len(local)
-                    append(number if not escapes(index, position) else ~number)
+                    append(~number if (index, position) in escaping else number)
                 position += 1
+            index += 1
         return tuple(parts)
 
     def _launch(self, plan, records) -> None:
         launch = QUEUE.launch
-        for group in plan.groups:
-            spec = group.kernel
+        for members, spec in plan.launches:
             if spec is None:
-                self._launch_single(records[group.members[0]])
-                continue
-            members = [records[index] for index in group.members]
-            stream = members[0].stream
-            launch(FusedKernel(members, spec, stream), spec.name, spec.bytes, spec.time_us, stream)
-            FUSION.fused_kernels += 1
-            FUSION.ops_fused += spec.ops
-            FUSION.bytes_saved += spec.bytes_saved
-            FUSION.dead_intermediates += len(spec.dead)
+                record = records[members]
+                cost = record.cost
+                launch(record, record.op, cost.bytes, cost.time_us, record.stream)
+            else:
+                group = [records[index] for index in members]
+                stream = group[0].stream
+                launch(FusedKernel(group, spec, stream), spec.name, spec.bytes, spec.time_us, stream)
+        totals = plan.totals
+        if totals[0]:
+            FUSION.fused_kernels += totals[0]
+            FUSION.ops_fused += totals[1]
+            FUSION.bytes_saved += totals[2]
+            FUSION.dead_intermediates += totals[3]
 
     @staticmethod
     def _launch_single(record) -> None:

@@ -160,13 +160,28 @@ def group_key(members, records) -> tuple:
 
 
 class Plan:
-    """The groups of a window in launch order; ``refusals`` counts the reasons given."""
+    """The groups of a window in launch order; ``refusals`` counts the reasons given.
 
-    __slots__ = ("groups", "refusals")
+    ``launches`` is what a flush walks: ``(position, None)`` for an op launched alone,
+    ``(positions, KernelSpec)`` for a fused kernel; ``totals`` are the fused kernels'
+    (count, ops, bytes saved, dead intermediates), counted once per flush.
+    """
+
+    __slots__ = ("groups", "refusals", "launches", "totals")
 
     def __init__(self, groups: list, refusals: dict) -> None:
         self.groups = groups  # [GroupSpec] in launch order
         self.refusals = refusals
+        self.launches = tuple(
+            (group.members[0], None) if group.kernel is None else (group.members, group.kernel) for group in groups
+        )
+        fused = [group.kernel for group in groups if group.kernel is not None]
+        self.totals = (
+            len(fused),
+            sum(spec.ops for spec in fused),
+            sum(spec.bytes_saved for spec in fused),
+            sum(len(spec.dead) for spec in fused),
+        )
 
 
 def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_chip_bytes: int = 0) -> Plan:
