@@ -23,7 +23,7 @@ group becomes one launch: a fused kernel, or the op itself when it fuses with no
 from __future__ import annotations
 
 import logging
-from sys import getrefcount
+from weakref import ref
 
 import cachetools
 
@@ -93,7 +93,7 @@ class AdaptiveSink:
     def __init__(self, policy: WindowPolicy | None = None) -> None:
         self.policy = policy or WindowPolicy()
         self.records: list = []
-        self.outputs: list = []  # per record: its output tensors, held until the flush
+        self.outputs: list = []  # per record: weak references to its output tensors
         self.plan_cache = PlanCache()
         self.kernel_cache = KernelCache()
         self.unfusable: set = set()
@@ -114,7 +114,9 @@ class AdaptiveSink:
         elif count >= self.policy.min_ops and QUEUE.backlog_us() <= self.policy.shallow_us:
             self.flush("queue_shallow")
         self.records.append(record)
-        self.outputs.append(outputs)
+        # Weak references: holding the outputs would change PyTorch's behaviour (autograd
+        # steals a gradient buffer only when nothing else references it).
+        self.outputs.append([None if tensor is None else ref(tensor) for tensor in outputs])
         if CONFIG.launch_blocking:
             self.flush("launch_blocking")
             QUEUE.wait()
@@ -144,8 +146,8 @@ class AdaptiveSink:
 
     def _escaping(self, records, outputs) -> set:
         """(record, output position) of every output still needed after the flush: one
-        referenced from anywhere but this window (the user, autograd's saved tensors, a
-        container), viewed by a live view, or pinned."""
+        still referenced (by the user, autograd's saved tensors, a container), viewed by a
+        live view, or pinned."""
         escaping = set()
         keep_all = not self.policy.dead_intermediates
         for index, record in enumerate(records):
@@ -156,9 +158,8 @@ class AdaptiveSink:
                     if keep_all or storage.pinned or storage.views is not None and storage.has_live_view():
                         escaping.add((index, position))
                     else:
-                        tensor = tensors[position] if position < len(tensors) else storage
-                        # the window's list, this local and getrefcount's argument make 3
-                        if tensor is storage or tensor is not None and getrefcount(tensor) > 3:
+                        weak = tensors[position] if position < len(tensors) else None
+                        if weak is None or weak() is not None:
                             escaping.add((index, position))
                 position += 1
         return escaping

@@ -11,8 +11,9 @@ Entry point: :func:`register` (idempotent). It runs on ``import torch`` through 
    tensor argument yet names the device (factories: ``torch.zeros(..., device='neuron')``)
    and sends it to the dispatcher, like every op on a ``NeuronTensor``;
 3. registers mixed precision for ``torch.autocast('neuron')`` (``device/autocast.py``);
-4. routes ``torch.accelerator.synchronize``, ``current_stream`` and ``set_stream`` to
-   ``torch.neuron`` (PyTorch's Python device guard cannot synchronize or hold streams).
+4. routes ``torch.accelerator.synchronize`` to ``torch.neuron.synchronize`` (PyTorch's
+   Python device guard cannot synchronize). Streams are ``torch.neuron.Stream``;
+   ``torch.accelerator.current_stream()`` reports the guard's default stream.
 """
 from __future__ import annotations
 
@@ -68,8 +69,8 @@ def _explicit_kernel(op):
 
 def _route_to_neuron(name: str, neuron_function) -> None:
     """Make ``torch.accelerator.<name>`` call ``neuron_function`` when the accelerator is
-    neuron. PyTorch's Python device guard has no hooks for synchronizing or for streams
-    (its C++ methods are fixed no-ops), so these few functions are routed here instead."""
+    neuron: PyTorch's Python device guard has no hook for it (its C++ methods are fixed
+    no-ops)."""
     original = getattr(torch.accelerator, name)
     if getattr(original, "_neuron_routed", False):
         return
@@ -86,9 +87,10 @@ def _route_to_neuron(name: str, neuron_function) -> None:
 
 
 def _patch_accelerator() -> None:
+    # Only synchronize: routing torch.accelerator's stream functions through Python code
+    # sends torch.compile into infinite recursion (its frame hook queries the current
+    # stream, and would then try to compile the routing function itself).
     _route_to_neuron("synchronize", api.synchronize)
-    _route_to_neuron("current_stream", api.current_stream)
-    _route_to_neuron("set_stream", api.set_stream)
 
 
 def register() -> None:

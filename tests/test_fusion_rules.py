@@ -269,3 +269,21 @@ def test_large_working_set_keeps_the_loop_rules():
     assert_same(out, torch.softmax((x * 2) @ w, -1), rtol=1e-4, atol=1e-5)
     assert kernels()[0] == 3
     assert "a matmul takes no prologue" in adaptive_eager.stats()["refusals"]
+
+
+def test_adaptive_records_exactly_the_ops_strict_records():
+    # The window must not change what PyTorch does: e.g. holding output tensors would
+    # stop autograd from stealing gradient buffers and add a copy_ per parameter.
+    def ops(adaptive):
+        with adaptive_eager.mode(adaptive):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).to("neuron")
+            x = torch.randn(4, 8).to("neuron")
+            model(x).sum().backward()  # warm-up
+            adaptive_eager.reset_stats()
+            model.zero_grad(set_to_none=True)
+            model(x).sum().backward()
+            torch.neuron.synchronize()
+            return adaptive_eager.stats()["ops_recorded"]
+
+    assert ops(True) == ops(False)

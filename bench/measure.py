@@ -1,0 +1,159 @@
+"""Measure one workload in one mode, in this process; print one JSON object.
+
+    python -m bench.measure <workload> <mode> [--steps N] [--warmup W]
+
+Modes: ``cpu`` (CPU eager, the reference), ``strict`` and ``adaptive`` (``neuron``),
+``compile`` (``torch.compile``, Inductor on the CPU). ``python -m bench`` runs one of these
+per workload and mode, each in a fresh process, so caches, random state and peak memory
+never leak from one measurement into another.
+
+How each figure is taken:
+
+- wall ms per step: the median over ``--steps`` steps after ``--warmup`` steps, each step
+  ending in a device-to-host copy of its result (a sync point);
+- host us per op: the main thread's CPU time per step (``time.thread_time``, so waiting for
+  the device or the GIL is excluded) divided by the ops of a step;
+- ops per step: aten ops reaching the device (neuron modes) or run by CPU eager (counted
+  once by a dispatch mode, outside the timed steps; views excluded in both);
+- kernel launches per step: neuron: launches on the execution queue; CPU eager: one per op;
+  Inductor: the kernels it generated plus its calls to extern kernels (matmul, conv...),
+  counted from one profiled step with ``cpp.enable_kernel_profile``;
+- device time and bytes per step: the cost model's (neuron modes only);
+- max abs diff: against the CPU eager result of the same step, computed by this process;
+- peak memory: simulated device memory (neuron), else the process's peak RSS.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.workloads import WORKLOADS  # noqa: E402
+
+
+class _CountOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:
+            self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _inductor_kernels_per_step(step) -> int:
+    from torch.profiler import profile
+
+    with profile() as prof:
+        step()
+    kernels = 0
+    for event in prof.events():
+        name = event.name
+        if "cpp_fused" in name or name.startswith("graph_") and "kernel" in name:
+            kernels += 1
+    extern = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::convolution", "aten::_convolution",
+              "aten::convolution_backward", "aten::_scaled_dot_product_flash_attention_for_cpu",
+              "aten::mkldnn_convolution", "aten::_fused_adamw_", "aten::_foreach_add_", "aten::embedding"}
+    kernels += sum(1 for event in prof.events() if event.name in extern and event.cpu_parent is not None
+                   and not (event.cpu_parent.name or "").startswith("aten::"))
+    return kernels
+
+
+def measure(workload_name: str, mode: str, steps: int, warmup: int) -> dict:
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    workload = WORKLOADS[workload_name]
+    reference = None
+    if mode != "cpu":
+        cpu_step = workload.build("cpu")
+        for _ in range(warmup + steps):
+            reference = cpu_step()
+    result: dict = {"workload": workload_name, "mode": mode}
+    device = "neuron" if mode in ("strict", "adaptive") else "cpu"
+    if device == "neuron":
+        import adaptive_eager
+
+        adaptive_eager.enable() if mode == "adaptive" else adaptive_eager.disable()
+    compile_seconds = None
+    if mode == "compile":
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.enable_kernel_profile = True
+        eager_step = workload.build("cpu")
+        step = torch.compile(eager_step)
+        started = time.perf_counter()
+        step()
+        compile_seconds = time.perf_counter() - started
+        warmup -= 1
+    else:
+        step = workload.build(device)
+    for _ in range(max(warmup, 0)):
+        out = step()
+    if device == "neuron":
+        import adaptive_eager
+
+        adaptive_eager.reset_stats()
+        torch.neuron.reset_peak_memory_stats()
+    walls, cpus = [], []
+    for _ in range(steps):
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        out = step()
+        cpus.append(time.thread_time() - cpu_started)
+        walls.append(time.perf_counter() - started)
+    result["wall_ms_per_step"] = statistics.median(walls) * 1000
+    if device == "neuron":
+        import adaptive_eager
+
+        stats = adaptive_eager.stats()
+        ops = stats["ops_recorded"] / steps
+        result.update(
+            ops_per_step=ops,
+            launches_per_step=stats["kernels_launched"] / steps,
+            device_time_us_per_step=stats["device_time_us"] / steps,
+            bytes_per_step=stats["bytes_moved"] / steps,
+            fused_kernels_per_step=stats["fused_kernels"] / steps,
+            fallback_ops=stats["fallback_ops"],
+            peak_memory_bytes=torch.neuron.max_memory_allocated(),
+            peak_memory_kind="simulated device memory",
+        )
+    else:
+        counter = _CountOps()
+        with counter:
+            step()
+        ops = counter.ops
+        result["ops_per_step"] = ops
+        result["launches_per_step"] = ops if mode == "cpu" else _inductor_kernels_per_step(step)
+        result["peak_memory_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        result["peak_memory_kind"] = "process peak RSS"
+    result["host_us_per_op"] = statistics.median(cpus) / max(ops, 1) * 1e6
+    if compile_seconds is not None:
+        result["compile_seconds"] = compile_seconds
+    if reference is not None:
+        result["max_abs_diff"] = float((out.double() - reference.double()).abs().max()) if out.is_floating_point() else float((out != reference).sum())
+    else:
+        result["max_abs_diff"] = 0.0
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="measure one workload in one mode (see bench/measure.py)")
+    parser.add_argument("workload", choices=sorted(WORKLOADS))
+    parser.add_argument("mode", choices=["cpu", "strict", "adaptive", "compile"])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    args = parser.parse_args(argv)
+    print(json.dumps(measure(args.workload, args.mode, args.steps, args.warmup)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
