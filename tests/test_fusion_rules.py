@@ -273,16 +273,23 @@ def test_large_working_set_keeps_the_loop_rules():
 
 def test_adaptive_records_exactly_the_ops_strict_records():
     # The window must not change what PyTorch does: e.g. holding output tensors would
-    # stop autograd from stealing gradient buffers and add a copy_ per parameter.
+    # stop autograd from stealing fresh gradient buffers, adding a copy_ per parameter.
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from bench.workloads import GPTBlock
+
     def ops(adaptive):
         with adaptive_eager.mode(adaptive):
             torch.manual_seed(0)
-            model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).to("neuron")
-            x = torch.randn(4, 8).to("neuron")
-            model(x).sum().backward()  # warm-up
+            block = GPTBlock(32, 4).to("neuron")
+            x = torch.randn(2, 16, 32).to("neuron")
+            block(x).sum().backward()  # warm-up: caches and optimizer-free grads
+            block.zero_grad(set_to_none=True)
+            torch.neuron.synchronize()
             adaptive_eager.reset_stats()
-            model.zero_grad(set_to_none=True)
-            model(x).sum().backward()
+            block(x).sum().backward()
             torch.neuron.synchronize()
             return adaptive_eager.stats()["ops_recorded"]
 
