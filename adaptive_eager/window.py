@@ -116,7 +116,10 @@ class AdaptiveSink:
         self.records.append(record)
         # Weak references: holding the outputs would change PyTorch's behaviour (autograd
         # steals a gradient buffer only when nothing else references it).
-        self.outputs.append([None if tensor is None else ref(tensor) for tensor in outputs])
+        if len(outputs) == 1:
+            self.outputs.append((ref(outputs[0]),) if outputs[0] is not None else (None,))
+        else:
+            self.outputs.append([None if tensor is None else ref(tensor) for tensor in outputs])
         if CONFIG.launch_blocking:
             self.flush("launch_blocking")
             QUEUE.wait()

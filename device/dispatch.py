@@ -316,8 +316,27 @@ def _view_outputs(entry, base, args, kwargs):
     """Output metadata of a view op, from the view cache (a meta run on a miss)."""
     rest = args[1:]
     key = None
-    if not any(isinstance(v, _Tensor) for v in rest) and not any(isinstance(v, _Tensor) for v in kwargs.values()):
-        key = (entry, base._sig, base.storage_offset(), _hashable(rest), _hashable(tuple(kwargs.items())))
+    # A view op's non-tensor arguments are ints, bools and int lists, one type per schema
+    # position, so their values key the cache (no int/float/bool collisions to guard).
+    parts = [entry, base._sig, base.storage_offset()]
+    for value in rest:
+        kind = type(value)
+        if kind is list or kind is tuple:
+            parts.append(tuple(value))
+        elif isinstance(value, _Tensor):
+            parts = None
+            break
+        else:
+            parts.append(value)
+    if parts is not None and kwargs:
+        for name, value in kwargs.items():
+            if isinstance(value, _Tensor):
+                parts = None
+                break
+            parts.append(name)
+            parts.append(_hashable(value))
+    if parts is not None:
+        key = tuple(parts)
         outputs = _VIEW_CACHE.get(key)
         if outputs is not None:
             return outputs
