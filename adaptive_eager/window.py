@@ -169,9 +169,10 @@ class AdaptiveSink:
 
     @staticmethod
     def _window_key(records, escaping) -> tuple:
-        """The window's structure, flat: per op, its signature's number, then the local
-        number of each storage it reads, writes and produces (data flow and aliasing),
-        an escaping output's number complemented. Separators keep the encoding unambiguous."""
+        """The window's structure, flat: per op, its signature's number (negated), then
+        the local number of each storage it reads, writes and produces (data flow and
+        aliasing; numbers in order of first appearance), an escaping output's number
+        complemented. Separators keep the encoding unambiguous."""
         local: dict = {}
         parts = []
         append = parts.append
