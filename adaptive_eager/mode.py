@@ -17,9 +17,11 @@ _ADAPTIVE = {"sink": None}
 def _adaptive_sink():
     sink = _ADAPTIVE["sink"]
     if sink is None:
+        from .device.backend import freeze_import_time_objects
         from .window import AdaptiveSink
 
         sink = _ADAPTIVE["sink"] = AdaptiveSink()
+        freeze_import_time_objects()  # the planner's imports (networkx) are long-lived too
     return sink
 
 

@@ -20,8 +20,8 @@ class Workload:
     name: str
     description: str
     build: Callable[[str], Callable[[], torch.Tensor]]
-    steps: int = 5
-    quick_steps: int = 3
+    steps: int = 9
+    quick_steps: int = 5
 
 
 # -- mlp ---------------------------------------------------------------------------------
@@ -243,7 +243,7 @@ WORKLOADS = {
         Workload("mlp", "3-layer MLP, batch 64, AdamW training step", build_mlp),
         Workload("cnn", "conv/batchnorm/relu/pool, batch 16 of 32x32, SGD momentum step", build_cnn),
         Workload("gpt", "2 GPT-2 blocks (hand-written attention, LayerNorm, tanh GELU), 8x64 tokens, AdamW", build_gpt),
-        Workload("decode", "greedy decoding of 16 tokens with a KV cache, batch 1, 2 layers", build_decode, steps=3, quick_steps=2),
+        Workload("decode", "greedy decoding of 16 tokens with a KV cache, batch 1, 2 layers", build_decode, steps=7, quick_steps=5),
         Workload("optimizer", "AdamW step over 48 small parameters", build_optimizer),
     ]
 }

@@ -123,13 +123,14 @@ def register() -> None:
     from .trace import start_from_environment
 
     start_from_environment()
-    _freeze_import_time_objects()
+    freeze_import_time_objects()
     _STATE["registered"] = True
 
 
-def _freeze_import_time_objects() -> None:
+def freeze_import_time_objects() -> None:
     """Move the objects alive now (torch's modules, ~170k of them) out of the cyclic
-    garbage collector's reach.
+    garbage collector's reach. Called at registration, and again once the adaptive
+    runtime has imported its planner (networkx).
 
     Every recorded op allocates a few small GC-tracked objects that live until the device
     worker runs the kernel. When the queue is deep they survive into the oldest GC

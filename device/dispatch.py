@@ -103,7 +103,7 @@ def _is_device(value) -> bool:
 def _record_call(entry, args, kwargs):
     """Convert the call: (key parts, reference args, reference kwargs, storages read,
     whether a list argument holds references)."""
-    key = [entry]
+    key = [entry.serial]
     reads = []
     refs = []
     nested = False
@@ -176,6 +176,8 @@ def launch(entry, args, kwargs):
             inference = infer(entry, args, kwargs or {}, _is_device)
         except MetaRejected:
             return run_on_host(entry, args, kwargs or {}, "meta_rejected")
+        if inference is not NO_META:
+            inference.key = key
         SHAPE_CACHE[key] = inference
     if inference is NO_META:
         return run_on_host(entry, args, kwargs or {}, "fallback")
@@ -196,8 +198,8 @@ def launch(entry, args, kwargs):
         outputs.append(wrap_fresh(spec.shape, spec.stride, spec.dtype, storage, spec.signature))
     writes = tuple(_mutated_storages(entry, args, kwargs)) if entry.mutated else ()
     record = OpRecord(
-        entry.op, refs, kwrefs, nested, reads, writes, results, capture_location(), inference.cost, key,
-        inference.key_id, _STREAMS.current,
+        entry.op, refs, kwrefs, nested, reads, writes, results, capture_location(), inference.cost,
+        inference.key, inference.key_id, _STREAMS.current,
     )
     COUNTERS.ops_recorded += 1
     QUEUE.host_us += QUEUE.host_us_per_op
@@ -318,7 +320,7 @@ def _view_outputs(entry, base, args, kwargs):
     key = None
     # A view op's non-tensor arguments are ints, bools and int lists, one type per schema
     # position, so their values key the cache (no int/float/bool collisions to guard).
-    parts = [entry, base._sig, base.storage_offset()]
+    parts = [entry.serial, base._sig, base.storage_offset()]
     for value in rest:
         kind = type(value)
         if kind is list or kind is tuple:

@@ -18,6 +18,8 @@ Kinds (plain strings, compared by identity on the hot path):
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 VIEW = "view"
@@ -52,7 +54,7 @@ class OpEntry:
 
     __slots__ = (
         "op", "kind", "name", "mutated", "return_alias", "generator_arg", "seeded",
-        "scalar_values_matter", "allocation", "rewrite",
+        "scalar_values_matter", "allocation", "rewrite", "serial",
     )
 
     def __init__(self, op) -> None:
@@ -87,6 +89,7 @@ class OpEntry:
             or only_mutates
             or (not schema.returns and self.mutated)
         )
+        self.serial = next(_SERIALS)  # stands for the op in cache keys (an int: no GC tracking)
         self.allocation = op in _ALLOCATIONS
         self.rewrite = None  # the OpEntry of the op the device runs instead (random.py)
         if op in _NO_OPS:
@@ -116,6 +119,7 @@ def _aliased_argument(schema, alias_info):
 
 
 _ENTRIES: dict = {}
+_SERIALS = itertools.count(1)
 
 
 def op_entry(op) -> OpEntry:

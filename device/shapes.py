@@ -60,10 +60,11 @@ class Inference:
     None); ``structure`` is "tensor", "tuple", "list" or "none" (how the op returns them).
     """
 
-    __slots__ = ("outputs", "structure", "cost", "resized", "key_id")
+    __slots__ = ("outputs", "structure", "cost", "resized", "key_id", "key")
 
     def __init__(self, outputs, structure, cost, resized=()) -> None:
         self.key_id = next(_KEY_IDS)  # a small, never reused number for this signature
+        self.key = None  # the signature itself (set by the dispatcher)
         self.outputs = outputs
         self.structure = structure
         self.cost = cost
