@@ -46,6 +46,7 @@ class WindowPolicy:
         self.min_ops = int(env_float("NEURON_ADAPTIVE_MIN_WINDOW", 16))
         self.shallow_us = env_float("NEURON_ADAPTIVE_SHALLOW_US", 20.0)
         self.dead_intermediates = env_flag("NEURON_ADAPTIVE_ELIMINATE_DEAD", True)
+        self.patterns = env_flag("NEURON_ADAPTIVE_PATTERNS", True)  # the pattern library
         # the on-chip rule's budget: one NeuronCore's SBUF (0 turns the rule off)
         self.on_chip_bytes = int(env_float("NEURON_ADAPTIVE_ON_CHIP_MB", PROFILE.sbuf_bytes / (1 << 20)) * (1 << 20))
 
@@ -140,7 +141,7 @@ class AdaptiveSink:
         if plan is None:
             plan = plan_window(
                 records, lambda index, position: (index, position) in escaping, self.unfusable,
-                self.kernel_cache, self.policy.on_chip_bytes,
+                self.kernel_cache, self.policy.on_chip_bytes, self.policy.patterns,
             )
             self.plan_cache.put(key, plan)
             for reason_text, count in plan.refusals.items():
@@ -222,6 +223,8 @@ class AdaptiveSink:
             FUSION.ops_fused += totals[1]
             FUSION.bytes_saved += totals[2]
             FUSION.dead_intermediates += totals[3]
+            for name, ops in totals[4]:
+                FUSION.pattern(name, ops)
 
     @staticmethod
     def _launch_single(record) -> None:

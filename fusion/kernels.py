@@ -24,8 +24,10 @@ import cachetools
 import torch
 
 from adaptive_eager.device.cost_model import PROFILE
-from adaptive_eager.device.kernel import flatten_results
+from adaptive_eager.device.kernel import flatten_results, resolve
 from adaptive_eager.device.storage import DeviceStorage
+
+from .patterns import checks_pass
 
 # signatures of fused kernels that failed; the runtime drains it (worker -> host)
 FAILED_SIGNATURES: list = []
@@ -40,9 +42,9 @@ def short_name(record) -> str:
 class KernelSpec:
     """A fused kernel, independent of where its ops sit in a window."""
 
-    __slots__ = ("signature", "name", "dead", "bytes", "time_us", "bytes_saved", "ops")
+    __slots__ = ("signature", "name", "dead", "bytes", "time_us", "bytes_saved", "ops", "pattern")
 
-    def __init__(self, signature, name, dead, nbytes, time_us, bytes_saved, ops) -> None:
+    def __init__(self, signature, name, dead, nbytes, time_us, bytes_saved, ops, pattern=None) -> None:
         self.signature = signature
         self.name = name  # "mul|add|relu"
         self.dead = dead  # frozenset of (member offset, result position) kept in registers
@@ -50,6 +52,7 @@ class KernelSpec:
         self.time_us = time_us
         self.bytes_saved = bytes_saved
         self.ops = ops
+        self.pattern = pattern  # a patterns.PatternSpec: run as one library kernel
 
 
 class GroupSpec:
@@ -114,7 +117,7 @@ def _signature(members, records, touched_by, dead) -> tuple:
     return (tuple(records[index].key for index in members), flow, tuple(sorted(dead)), len(position))
 
 
-def _build_spec(members, records, dead, signature) -> KernelSpec:
+def _build_spec(members, records, dead, signature, pattern=None) -> KernelSpec:
     produced = {}
     for offset, index in enumerate(members):
         for position, storage in enumerate(records[index].results):
@@ -143,12 +146,16 @@ def _build_spec(members, records, dead, signature) -> KernelSpec:
     memory_us = nbytes / PROFILE.hbm_bandwidth_bytes_per_s * 1e6
     time_us = PROFILE.launch_overhead_us + max(memory_us, compute_us)
     name = "|".join(short_name(records[index]) for index in members)
-    return KernelSpec(signature, name, frozenset(dead), nbytes, time_us, max(unfused_bytes - nbytes, 0), len(members))
+    if pattern is not None:
+        name = f"{pattern.name}({name})"
+    return KernelSpec(
+        signature, name, frozenset(dead), nbytes, time_us, max(unfused_bytes - nbytes, 0), len(members), pattern
+    )
 
 
-def group_spec(members, records, touched_by, escapes, kernel_cache=None) -> GroupSpec:
+def group_spec(members, records, touched_by, escapes, kernel_cache=None, match=None) -> GroupSpec:
     members = tuple(members)
-    if len(members) == 1:
+    if len(members) == 1 and match is None:
         return GroupSpec(members, None)
     inside = set(members)
     dead = set()
@@ -158,10 +165,10 @@ def group_spec(members, records, touched_by, escapes, kernel_cache=None) -> Grou
                 continue
             if touched_by.get(storage, set()) <= inside:
                 dead.add((offset, position))
-    signature = _signature(members, records, touched_by, dead)
+    signature = _signature(members, records, touched_by, dead) + ((match.name,) if match is not None else ())
 
     def build():
-        return _build_spec(members, records, dead, signature)
+        return _build_spec(members, records, dead, signature, match.spec() if match is not None else None)
 
     spec = kernel_cache.get_or_build(signature, build) if kernel_cache is not None else build()
     return GroupSpec(members, spec)
@@ -182,6 +189,9 @@ class FusedKernel:
         return self.spec.name
 
     def launch(self, queue) -> None:
+        pattern = self.spec.pattern
+        if pattern is not None and not queue.poison_seen and self._run_pattern(pattern, queue):
+            return
         env: dict = {}
         dead = self.spec.dead
         faults = queue.faults
@@ -223,6 +233,23 @@ class FusedKernel:
         if failed:
             with _failed_lock:
                 FAILED_SIGNATURES.append(self.spec.signature)
+
+    def _run_pattern(self, pattern, queue) -> bool:
+        """The library kernel. False (run the ops one by one instead) when a constant the
+        match depends on differs in this launch, or when the library kernel raises: the
+        op-by-op replay then reports the exact op that fails."""
+        records = self.records
+        if queue.faults is not None or (pattern.checks and not checks_pass(pattern, records)):
+            return False  # injected faults are counted per op: replay them op by op
+        try:
+            inputs = [resolve(records[offset].args[index]) for offset, index in pattern.inputs]
+            result = pattern.impl(*inputs, **pattern.constants)
+        except Exception:
+            return False
+        outputs = (result,) if isinstance(result, torch.Tensor) else tuple(result)
+        for (offset, position), value in zip(pattern.outputs, outputs):
+            records[offset].results[position].adopt(value)
+        return True
 
     @staticmethod
     def _keep_dead(storage, value, env: dict) -> None:

@@ -30,6 +30,7 @@ import networkx as nx
 from .categories import BARRIER, MATMUL, OPAQUE, POINTWISE, RANDOM, REDUCTION, category
 from .graph import build_graph, would_create_cycle
 from .kernels import GroupSpec, group_spec
+from .patterns import find_patterns
 
 LOG = logging.getLogger("adaptive_eager.fusion")
 _ANCHORS = (REDUCTION, MATMUL)
@@ -44,7 +45,7 @@ class Group:
     only while its working set still fits.
     """
 
-    __slots__ = ("members", "anchor", "anchor_kind", "numels", "footprint", "on_chip_only")
+    __slots__ = ("members", "anchor", "anchor_kind", "numels", "footprint", "on_chip_only", "match")
 
     def __init__(self, index: int, kind: str, record) -> None:
         self.members = [index]
@@ -63,6 +64,7 @@ class Group:
                     footprint[storage] = nbytes
         self.footprint = footprint
         self.on_chip_only = kind in (OPAQUE, BARRIER)
+        self.match = None  # a patterns.Match: the group is one library kernel, closed
 
     def merged_footprint(self, other: "Group") -> int:
         mine = self.footprint
@@ -123,6 +125,9 @@ def can_fuse(producer: Group, consumer: Group, edge, kinds, records, graph, unfu
     fits in ``on_chip_bytes`` (one NeuronCore's SBUF) may share a kernel whatever their
     categories, as in a compiled subgraph; beyond that, the loop rules decide.
     """
+    for group in (producer, consumer):
+        if group.match is not None:
+            return Refusal(f"library kernel: {group.match.name}"), False
     reason = loop_rules(producer, consumer, edge, kinds, records)
     on_chip = False
     if reason is not None:
@@ -181,10 +186,12 @@ class Plan:
             sum(spec.ops for spec in fused),
             sum(spec.bytes_saved for spec in fused),
             sum(len(spec.dead) for spec in fused),
+            tuple((spec.pattern.name, spec.ops) for spec in fused if spec.pattern is not None),
         )
 
 
-def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_chip_bytes: int = 0) -> Plan:
+def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_chip_bytes: int = 0,
+                patterns: bool = True) -> Plan:
     """Group the window's records into kernels.
 
     ``escapes(index, position)`` tells whether a record's output is still referenced from
@@ -199,6 +206,18 @@ def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_c
 
     def members_of(node):
         return groups[group_of[node]].members
+
+    if patterns:
+        matches, pattern_refusals = find_patterns(records, escapes)
+        for reason, count in pattern_refusals.items():
+            refusals[reason] = refusals.get(reason, 0) + count
+        for match in matches:
+            first = match.members[0]
+            head = groups[first]
+            for index in match.members[1:]:
+                head.absorb(groups.pop(index), False)
+                group_of[index] = first
+            head.match = match
 
     candidates = sorted(
         ((score(u, v, records), u, v) for u, v, kind in graph.edges(data="kind") if kind == "raw"),
@@ -234,6 +253,7 @@ def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_c
             if storage is not None:
                 touched_by.setdefault(storage, set()).add(index)
     specs = [
-        group_spec(sorted(groups[gid].members), records, touched_by, escapes, kernel_cache) for gid in order
+        group_spec(sorted(groups[gid].members), records, touched_by, escapes, kernel_cache, groups[gid].match)
+        for gid in order
     ]
     return Plan(specs, refusals)

@@ -1,0 +1,396 @@
+"""The pattern library: op chains users write by hand, run as one library kernel.
+
+Entry points: :data:`PATTERNS` (the table), :func:`find_patterns` (window -> matches) and
+:class:`PatternSpec` (a match, free of window positions, as a fused kernel carries it).
+
+Each table entry is a matcher, rooted at the last op of its chain, with the ATen kernel
+that replaces the chain and a one-line comment. A match applies only when it is exactly
+right: every intermediate of the chain is produced and read inside it, read by the chain
+alone, never written in place, never viewed, and not referenced from Python at the
+flush. Scalar constants a chain depends on (``eps``, GELU's 0.044715) are checked again
+at every launch, since plan-cache keys hold float types, not values; a launch whose
+constants differ runs the chain op by op.
+
+Tolerances against the unfused ops (the replacement kernels reassociate the same math):
+softmax/log_softmax 1e-6 relative (ATen's kernels subtract the max the same way),
+GELU/SiLU 1e-6 (one fused expression instead of rounding after each op), RMSNorm and
+layer norm 1e-5 (the variance is accumulated in one pass). Tests check each.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from adaptive_eager.device.storage import DeviceStorage
+
+aten = torch.ops.aten
+
+
+class PatternSpec:
+    """A matched chain, by offsets within its kernel's members."""
+
+    __slots__ = ("name", "impl", "inputs", "outputs", "checks", "constants")
+
+    def __init__(self, name, impl, inputs, outputs, checks, constants) -> None:
+        self.name = name
+        self.impl = impl  # (*input tensors, **constants) -> output tensor(s)
+        self.inputs = inputs  # ((offset, arg index), ...) of the input references
+        self.outputs = outputs  # ((offset, result index), ...) the kernel writes
+        self.checks = checks  # ((offset, arg index, value), ...) re-checked at launch
+        self.constants = constants  # keyword arguments of impl
+
+
+class Match:
+    """A matched chain, by window positions (converted to a PatternSpec by the planner)."""
+
+    __slots__ = ("name", "members", "impl", "inputs", "outputs", "checks", "constants")
+
+    def __init__(self, name, members, impl, inputs, outputs, checks=(), constants=None) -> None:
+        self.name = name
+        self.members = tuple(sorted(set(members)))
+        self.impl = impl
+        self.inputs = tuple(inputs)
+        self.outputs = tuple(outputs)
+        self.checks = tuple(checks)
+        self.constants = constants or {}
+
+    def spec(self) -> PatternSpec:
+        offset = {position: index for index, position in enumerate(self.members)}
+        return PatternSpec(
+            self.name,
+            self.impl,
+            tuple((offset[p], a) for p, a in self.inputs),
+            tuple((offset[p], r) for p, r in self.outputs),
+            tuple((offset[p], a, v) for p, a, v in self.checks),
+            self.constants,
+        )
+
+
+class Context:
+    """What matchers ask about a window."""
+
+    def __init__(self, records, escapes) -> None:
+        self.records = records
+        self.escapes = escapes
+        self.producer: dict = {}  # storage -> (position, result index)
+        self.readers: dict = {}  # storage -> [positions reading it, with repeats]
+        self.written: set = set()  # storages written in place in the window
+        for position, record in enumerate(records):
+            for storage in record.reads:
+                self.readers.setdefault(storage, []).append(position)
+            for storage in record.writes:
+                self.written.add(storage)
+            for index, storage in enumerate(record.results):
+                if storage is not None:
+                    self.producer[storage] = (position, index)
+        self.claimed: set = set()
+
+    def name(self, position: int) -> str:
+        return self.records[position].op._schema.name
+
+    def arg(self, position: int, index: int, default=None):
+        args = self.records[position].args
+        return args[index] if index < len(args) else default
+
+    def source(self, position: int, index: int, op_name: str | None = None):
+        """Position of the record whose (whole, first) output is argument ``index`` of the
+        record at ``position``, if it is produced in this window (by ``op_name``)."""
+        ref = self.arg(position, index)
+        if type(ref) is not DeviceStorage:
+            return None
+        produced = self.producer.get(ref)
+        if produced is None or produced[1] != 0 or produced[0] in self.claimed:
+            return None
+        if op_name is not None and self.name(produced[0]) != op_name:
+            return None
+        return produced[0]
+
+    def private(self, position: int, readers: int) -> bool:
+        """Is the output of ``position`` an intermediate the chain owns: read exactly
+        ``readers`` times in the window, never written in place, not escaping, not viewed?"""
+        storage = self.records[position].results[0]
+        if storage is None or storage in self.written or storage.pinned or self.escapes(position, 0):
+            return False
+        return len(self.readers.get(storage, ())) == readers
+
+    def same(self, a: int, ai: int, b: int, bi: int) -> bool:
+        return self.arg(a, ai) is self.arg(b, bi)
+
+
+def _dims(value):
+    if isinstance(value, int):
+        return (value,)
+    return tuple(value) if value is not None else None
+
+
+# -- matchers ---------------------------------------------------------------------------
+
+
+def match_softmax(ctx: Context, root: int):
+    """exp(x - amax(x, d, keepdim)) / sum(that, d, keepdim) -> _softmax(x, d)."""
+    if ctx.name(root) != "aten::div":
+        return None
+    exp = ctx.source(root, 0, "aten::exp")
+    total = ctx.source(root, 1, "aten::sum")
+    if exp is None or total is None or ctx.source(total, 0) != exp:
+        return None
+    shifted = ctx.source(exp, 0, "aten::sub")
+    if shifted is None:
+        return None
+    peak = ctx.source(shifted, 1, "aten::amax")
+    if peak is None or not ctx.same(shifted, 0, peak, 0):
+        return None
+    dims = _dims(ctx.arg(total, 1))
+    if dims is None or len(dims) != 1 or _dims(ctx.arg(peak, 1)) != dims:
+        return None
+    if ctx.arg(total, 2) is not True or ctx.arg(peak, 2) is not True:
+        return None
+    if not (ctx.private(exp, 2) and ctx.private(total, 1) and ctx.private(shifted, 1) and ctx.private(peak, 1)):
+        return "intermediate escapes or is shared"
+    return Match("softmax", [peak, shifted, exp, total, root], _softmax, [(peak, 0)], [(root, 0)], constants={"dim": dims[0]})
+
+
+def _softmax(x, dim):
+    return aten._softmax(x, dim, False)
+
+
+def match_log_softmax(ctx: Context, root: int):
+    """(x - amax) - log(sum(exp(x - amax), d, keepdim)) -> _log_softmax(x, d)."""
+    if ctx.name(root) != "aten::sub":
+        return None
+    shifted = ctx.source(root, 0, "aten::sub")
+    log = ctx.source(root, 1, "aten::log")
+    if shifted is None or log is None:
+        return None
+    total = ctx.source(log, 0, "aten::sum")
+    exp = ctx.source(total, 0, "aten::exp") if total is not None else None
+    if exp is None or ctx.source(exp, 0) != shifted:
+        return None
+    peak = ctx.source(shifted, 1, "aten::amax")
+    if peak is None or not ctx.same(shifted, 0, peak, 0):
+        return None
+    dims = _dims(ctx.arg(total, 1))
+    if dims is None or len(dims) != 1 or _dims(ctx.arg(peak, 1)) != dims or ctx.arg(total, 2) is not True:
+        return None
+    if not all(ctx.private(p, n) for p, n in ((shifted, 2), (exp, 1), (total, 1), (log, 1), (peak, 1))):
+        return "intermediate escapes or is shared"
+    return Match("log_softmax", [peak, shifted, exp, total, log, root], _log_softmax, [(peak, 0)], [(root, 0)],
+                 constants={"dim": dims[0]})
+
+
+def _log_softmax(x, dim):
+    return aten._log_softmax(x, dim, False)
+
+
+def match_silu(ctx: Context, root: int):
+    """x * sigmoid(x) -> silu(x)."""
+    if ctx.name(root) != "aten::mul":
+        return None
+    for gate_arg, other_arg in ((1, 0), (0, 1)):
+        gate = ctx.source(root, gate_arg, "aten::sigmoid")
+        if gate is not None and ctx.arg(gate, 0) is ctx.arg(root, other_arg):
+            if not ctx.private(gate, 1):
+                return "intermediate escapes or is shared"
+            return Match("silu", [gate, root], aten.silu.default, [(gate, 0)], [(root, 0)])
+    return None
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def match_gelu_tanh(ctx: Context, root: int):
+    """0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3))) -> gelu(x, 'tanh')."""
+    if ctx.name(root) != "aten::mul":
+        return None
+    one_plus = ctx.source(root, 1, "aten::add")
+    half_x = ctx.source(root, 0, "aten::mul")
+    if one_plus is None or half_x is None:
+        return None
+    tanh = ctx.source(one_plus, 0, "aten::tanh")
+    scaled = ctx.source(tanh, 0, "aten::mul") if tanh is not None else None
+    inner = ctx.source(scaled, 0, "aten::add") if scaled is not None else None
+    cubic = ctx.source(inner, 1, "aten::mul") if inner is not None else None
+    power = ctx.source(cubic, 0, "aten::pow") if cubic is not None else None
+    if power is None:
+        return None
+    x = ctx.arg(half_x, 0)
+    if not (ctx.arg(inner, 0) is x and ctx.arg(power, 0) is x):
+        return None
+    chain = [half_x, power, cubic, inner, scaled, tanh, one_plus]
+    if not all(ctx.private(p, 1) for p in chain):
+        return "intermediate escapes or is shared"
+    checks = [(half_x, 1, 0.5), (power, 1, 3.0), (cubic, 1, 0.044715), (scaled, 1, _SQRT_2_OVER_PI), (one_plus, 1, 1.0)]
+    return Match("gelu_tanh", chain + [root], _gelu_tanh, [(half_x, 0)], [(root, 0)], checks)
+
+
+def _gelu_tanh(x):
+    return aten.gelu.default(x, approximate="tanh")
+
+
+def match_gelu_erf(ctx: Context, root: int):
+    """x * 0.5 * (1 + erf(x / sqrt(2))) -> gelu(x)."""
+    if ctx.name(root) != "aten::mul":
+        return None
+    one_plus = ctx.source(root, 1, "aten::add")
+    half_x = ctx.source(root, 0, "aten::mul")
+    if one_plus is None or half_x is None:
+        return None
+    erf = ctx.source(one_plus, 0, "aten::erf")
+    scaled = ctx.source(erf, 0) if erf is not None else None
+    if scaled is None or ctx.name(scaled) not in ("aten::div", "aten::mul"):
+        return None
+    x = ctx.arg(half_x, 0)
+    if ctx.arg(scaled, 0) is not x:
+        return None
+    if not all(ctx.private(p, 1) for p in (half_x, scaled, erf, one_plus)):
+        return "intermediate escapes or is shared"
+    factor = math.sqrt(2.0) if ctx.name(scaled) == "aten::div" else 1.0 / math.sqrt(2.0)
+    checks = [(half_x, 1, 0.5), (scaled, 1, factor), (one_plus, 1, 1.0)]
+    return Match("gelu_erf", [half_x, scaled, erf, one_plus, root], aten.gelu.default, [(half_x, 0)], [(root, 0)], checks)
+
+
+def match_rms_norm(ctx: Context, root: int):
+    """Hugging Face's LlamaRMSNorm: w * (x * rsqrt(mean(x**2, -1, keepdim) + eps)).to(dtype),
+    x cast to float32 first -> one kernel."""
+    if ctx.name(root) != "aten::mul":
+        return None
+    normed = ctx.source(root, 1)
+    if normed is None:
+        return None
+    cast_back = None
+    if ctx.name(normed) == "aten::_to_copy":
+        cast_back, normed = normed, ctx.source(normed, 0, "aten::mul")
+        if normed is None:
+            return None
+    if ctx.name(normed) != "aten::mul":
+        return None
+    rsqrt = ctx.source(normed, 1, "aten::rsqrt")
+    plus_eps = ctx.source(rsqrt, 0, "aten::add") if rsqrt is not None else None
+    mean = ctx.source(plus_eps, 0, "aten::mean") if plus_eps is not None else None
+    square = ctx.source(mean, 0, "aten::pow") if mean is not None else None
+    if square is None or ctx.arg(square, 1) != 2 or not ctx.same(square, 0, normed, 0):
+        return None
+    if _dims(ctx.arg(mean, 1)) not in ((-1,),) or ctx.arg(mean, 2) is not True:
+        return None
+    chain = [square, mean, plus_eps, rsqrt, normed] + ([cast_back] if cast_back is not None else [])
+    if not all(ctx.private(p, 1) for p in chain):
+        return "intermediate escapes or is shared"
+    eps = ctx.arg(plus_eps, 1)
+    if not isinstance(eps, float):
+        return None
+    dtype = ctx.records[root].results[0].dtype if ctx.records[root].results[0] is not None else None
+    return Match(
+        "rms_norm", chain + [root], _rms_norm, [(square, 0), (root, 0)], [(root, 0)],
+        checks=[(plus_eps, 1, eps)], constants={"eps": eps, "dtype": dtype, "cast": cast_back is not None},
+    )
+
+
+def _rms_norm(x, weight, eps, dtype, cast):
+    normed = aten._fused_rms_norm.default(x, [x.shape[-1]], None, eps)[0]
+    if cast:
+        normed = normed.to(weight.dtype)
+    return weight * normed
+
+
+def match_layer_norm(ctx: Context, root: int):
+    """(x - mean) / sqrt(var(unbiased=False) + eps) * w + b, written out, w and b of the
+    last dim's size -> native_layer_norm."""
+    if ctx.name(root) != "aten::add":
+        return None
+    scaled = ctx.source(root, 0, "aten::mul")
+    normed = ctx.source(scaled, 0, "aten::div") if scaled is not None else None
+    if normed is None:
+        return None
+    centered = ctx.source(normed, 0, "aten::sub")
+    denominator = ctx.source(normed, 1, "aten::sqrt")
+    plus_eps = ctx.source(denominator, 0, "aten::add") if denominator is not None else None
+    var = ctx.source(plus_eps, 0, "aten::var") if plus_eps is not None else None
+    mean = ctx.source(centered, 1, "aten::mean") if centered is not None else None
+    if var is None or mean is None or not (ctx.same(centered, 0, mean, 0) and ctx.same(var, 0, mean, 0)):
+        return None
+    if _dims(ctx.arg(mean, 1)) != (-1,) or ctx.arg(mean, 2) is not True or _dims(ctx.arg(var, 1)) != (-1,):
+        return None
+    var_kwargs = ctx.records[var].kwargs
+    if var_kwargs.get("correction") != 0 or var_kwargs.get("keepdim") is not True:
+        return None
+    x = ctx.arg(mean, 0)
+    width = x.shape[-1] if x.shape else None
+    weight, bias = ctx.arg(scaled, 1), ctx.arg(root, 1)
+    if not all(type(t) is DeviceStorage and t.shape == (width,) for t in (weight, bias)):
+        return None
+    eps = ctx.arg(plus_eps, 1)
+    if not isinstance(eps, float):
+        return None
+    chain = [mean, centered, var, plus_eps, denominator, normed, scaled]
+    if not (ctx.private(centered, 1) and ctx.private(mean, 1) and all(ctx.private(p, 1) for p in chain[2:])):
+        return "intermediate escapes or is shared"
+    return Match(
+        "layer_norm", chain + [root], _layer_norm, [(mean, 0), (scaled, 1), (root, 1)], [(root, 0)],
+        checks=[(plus_eps, 1, eps)], constants={"eps": eps},
+    )
+
+
+def _layer_norm(x, weight, bias, eps):
+    return aten.native_layer_norm.default(x, [x.shape[-1]], weight, bias, eps)[0]
+
+
+def match_linear_bias(ctx: Context, root: int):
+    """mm(x, w) + b (b broadcast over rows) -> addmm(b, x, w)."""
+    if ctx.name(root) != "aten::add" or ctx.records[root].kwargs.get("alpha", 1) != 1:
+        return None
+    product = ctx.source(root, 0, "aten::mm")
+    if product is None:
+        return None
+    bias = ctx.arg(root, 1)
+    if not (type(bias) is DeviceStorage and len(bias.shape) == 1):
+        return None
+    if not ctx.private(product, 1):
+        return "intermediate escapes or is shared"
+    return Match("linear_bias", [product, root], aten.addmm.default, [(root, 1), (product, 0), (product, 1)], [(root, 0)])
+
+
+# (pattern name, matcher, one-line comment): the table, tried from each window's end.
+PATTERNS = [
+    ("softmax", match_softmax, "exp(x - amax) / sum(exp): the max-subtracted softmax, one kernel"),
+    ("log_softmax", match_log_softmax, "x - amax - log(sum(exp)): log-softmax, one kernel"),
+    ("gelu_tanh", match_gelu_tanh, "GPT-2's tanh GELU formula -> gelu(approximate='tanh')"),
+    ("gelu_erf", match_gelu_erf, "x * 0.5 * (1 + erf(x / sqrt(2))) -> gelu"),
+    ("silu", match_silu, "x * sigmoid(x) -> silu"),
+    ("rms_norm", match_rms_norm, "Llama's RMSNorm, float32 compute and cast back, times weight"),
+    ("layer_norm", match_layer_norm, "(x - mean) / sqrt(var + eps) * w + b -> one normalization"),
+    ("linear_bias", match_linear_bias, "mm + bias add -> addmm"),
+]
+
+
+def find_patterns(records, escapes) -> tuple[list, dict]:
+    """Matches in the window (disjoint, from the last op backwards) and refusal reasons."""
+    ctx = Context(records, escapes)
+    matches, refusals = [], {}
+    for root in range(len(records) - 1, -1, -1):
+        if root in ctx.claimed:
+            continue
+        for name, matcher, _ in PATTERNS:
+            found = matcher(ctx, root)
+            if found is None:
+                continue
+            if isinstance(found, str):
+                reason = f"pattern {name}: {found}"
+                refusals[reason] = refusals.get(reason, 0) + 1
+                continue
+            if ctx.claimed.intersection(found.members):
+                continue
+            ctx.claimed.update(found.members)
+            matches.append(found)
+            break
+    return matches, refusals
+
+
+def checks_pass(spec: PatternSpec, records) -> bool:
+    for offset, index, value in spec.checks:
+        args = records[offset].args
+        actual = args[index] if index < len(args) else None
+        if not isinstance(actual, (int, float)) or not math.isclose(actual, value, rel_tol=1e-12, abs_tol=0.0):
+            return False
+    return True

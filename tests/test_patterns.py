@@ -1,0 +1,196 @@
+"""The pattern library: each hand-written chain runs as one library kernel, gives the CPU's
+numbers on the unfused code (within the tolerance fusion/patterns.py documents), and does
+not apply when it would not be exactly right."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import adaptive_eager
+from adaptive_eager.mode import _adaptive_sink
+from conftest import assert_same
+
+
+@pytest.fixture(autouse=True)
+def one_window(adaptive_mode):
+    """One window per test, flushed at the sync point; the on-chip rule off, so the only
+    fusion that crosses anchors is the pattern's."""
+    policy = _adaptive_sink().policy
+    saved = (policy.min_ops, policy.max_ops, policy.on_chip_bytes, policy.patterns)
+    policy.min_ops, policy.max_ops, policy.on_chip_bytes, policy.patterns = 10**6, 10**6, 0, True
+    _adaptive_sink().plan_cache.clear()
+    yield
+    policy.min_ops, policy.max_ops, policy.on_chip_bytes, policy.patterns = saved
+    _adaptive_sink().plan_cache.clear()
+
+
+def on_device(*tensors):
+    out = [t.to("neuron") for t in tensors]
+    torch.neuron.synchronize()
+    adaptive_eager.reset_stats()
+    return out
+
+
+def patterns():
+    return adaptive_eager.stats()["patterns"]
+
+
+def kernel_names():
+    return sorted(adaptive_eager.stats()["kernels"])
+
+
+def softmax_by_hand(x):
+    e = torch.exp(x - x.amax(-1, keepdim=True))
+    return e / e.sum(-1, keepdim=True)
+
+
+def test_softmax_written_out_is_one_kernel():
+    x = torch.randn(8, 32)
+    (d,) = on_device(x)
+    assert_same(softmax_by_hand(d), softmax_by_hand(x), rtol=1e-6, atol=1e-7)
+    assert patterns() == {"softmax": {"matched": 1, "ops": 5}}
+    assert kernel_names() == ["softmax(amax|sub|exp|sum|div)"]
+    assert adaptive_eager.stats()["kernels_launched"] == 1
+
+
+def test_log_softmax_written_out_is_one_kernel():
+    def by_hand(x):
+        shifted = x - x.amax(-1, keepdim=True)
+        return shifted - torch.log(torch.exp(shifted).sum(-1, keepdim=True))
+
+    x = torch.randn(4, 16)
+    (d,) = on_device(x)
+    assert_same(by_hand(d), by_hand(x), rtol=1e-6, atol=1e-6)
+    assert patterns() == {"log_softmax": {"matched": 1, "ops": 6}}
+
+
+def test_gelu_tanh_formula_is_one_kernel():
+    def gelu(h):
+        return 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, 3.0))))
+
+    x = torch.randn(64)
+    (d,) = on_device(x)
+    assert_same(gelu(d), gelu(x), rtol=1e-6, atol=1e-6)
+    assert patterns() == {"gelu_tanh": {"matched": 1, "ops": 8}}
+
+
+def test_gelu_erf_formula_is_one_kernel():
+    def gelu(h):
+        return h * 0.5 * (1.0 + torch.erf(h / math.sqrt(2.0)))
+
+    x = torch.randn(64)
+    (d,) = on_device(x)
+    assert_same(gelu(d), gelu(x), rtol=1e-6, atol=1e-6)
+    assert patterns() == {"gelu_erf": {"matched": 1, "ops": 5}}
+
+
+def test_silu_is_one_kernel():
+    x = torch.randn(64)
+    (d,) = on_device(x)
+    assert_same(d * torch.sigmoid(d), x * torch.sigmoid(x), rtol=1e-6, atol=1e-7)
+    assert patterns() == {"silu": {"matched": 1, "ops": 2}}
+
+
+class LlamaRMSNorm(torch.nn.Module):
+    """As Hugging Face writes it."""
+
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_llama_rms_norm_is_one_kernel(dtype):
+    torch.manual_seed(0)
+    norm = LlamaRMSNorm(32)
+    norm.weight.data.uniform_(0.5, 1.5)
+    x = torch.randn(4, 8, 32).to(dtype)
+    device_norm = LlamaRMSNorm(32).to("neuron")
+    device_norm.load_state_dict(norm.state_dict())
+    (d,) = on_device(x)
+    with torch.no_grad():
+        tolerance = {"rtol": 1e-5, "atol": 1e-6} if dtype is torch.float32 else {"rtol": 1.6e-2, "atol": 1e-2}
+        assert_same(device_norm(d), norm(x), **tolerance)
+    assert patterns()["rms_norm"]["matched"] == 1
+
+
+def test_layer_norm_written_out_is_one_kernel():
+    def by_hand(x, w, b):
+        mean = x.mean(-1, keepdim=True)
+        var = x.var(-1, keepdim=True, unbiased=False)
+        return (x - mean) / torch.sqrt(var + 1e-5) * w + b
+
+    x, w, b = torch.randn(6, 16), torch.randn(16), torch.randn(16)
+    dx, dw, db = on_device(x, w, b)
+    assert_same(by_hand(dx, dw, db), by_hand(x, w, b), rtol=1e-5, atol=1e-5)
+    assert patterns() == {"layer_norm": {"matched": 1, "ops": 8}}
+    assert_same(by_hand(dx, dw, db), F.layer_norm(x, (16,), w, b, 1e-5), rtol=1e-5, atol=1e-5)
+
+
+def test_linear_written_out_becomes_addmm():
+    x, w, b = torch.randn(8, 16), torch.randn(4, 16), torch.randn(4)
+    dx, dw, db = on_device(x, w, b)
+    assert_same(dx @ dw.t() + db, x @ w.t() + b, rtol=1e-6, atol=1e-6)
+    assert patterns() == {"linear_bias": {"matched": 1, "ops": 2}}
+
+
+# -- when a pattern must not apply ---------------------------------------------------------
+
+
+def test_softmax_not_matched_when_an_intermediate_escapes():
+    x = torch.randn(4, 8)
+    (d,) = on_device(x)
+    e = torch.exp(d - d.amax(-1, keepdim=True))  # the user keeps e
+    out = e / e.sum(-1, keepdim=True)
+    assert_same(out, softmax_by_hand(x))
+    assert patterns() == {}
+    assert adaptive_eager.stats()["refusals"].get("pattern softmax: intermediate escapes or is shared") == 1
+    assert_same(e, torch.exp(x - x.amax(-1, keepdim=True)))
+
+
+def test_silu_not_matched_when_the_gate_is_used_twice():
+    x = torch.randn(16)
+    (d,) = on_device(x)
+    gate = torch.sigmoid(d)
+    out = d * gate + gate  # the gate has a second reader
+    del gate
+    assert_same(out, x * torch.sigmoid(x) + torch.sigmoid(x))
+    assert patterns() == {}
+
+
+def test_softmax_over_two_different_dims_is_not_softmax():
+    x = torch.randn(4, 8)
+    (d,) = on_device(x)
+    e = torch.exp(d - d.amax(-1, keepdim=True))
+    out = e / e.sum(0, keepdim=True)  # normalized over another dim
+    expected_e = torch.exp(x - x.amax(-1, keepdim=True))
+    assert_same(out, expected_e / expected_e.sum(0, keepdim=True))
+    assert patterns() == {}
+
+
+def test_gelu_with_other_constants_runs_op_by_op():
+    def almost_gelu(h, c):
+        return 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + c * torch.pow(h, 3.0))))
+
+    x = torch.randn(32)
+    (d,) = on_device(x)
+    assert_same(almost_gelu(d, 0.044715), almost_gelu(x, 0.044715), rtol=1e-6, atol=1e-6)
+    # same structure, so the cached plan applies; the launch sees another constant
+    assert_same(almost_gelu(d, 0.5), almost_gelu(x, 0.5), rtol=1e-6, atol=1e-6)
+
+
+def test_patterns_can_be_switched_off():
+    _adaptive_sink().policy.patterns = False
+    x = torch.randn(8, 32)
+    (d,) = on_device(x)
+    assert_same(softmax_by_hand(d), softmax_by_hand(x))
+    assert patterns() == {}
