@@ -47,6 +47,7 @@ class WindowPolicy:
         self.shallow_us = env_float("NEURON_ADAPTIVE_SHALLOW_US", 20.0)
         self.dead_intermediates = env_flag("NEURON_ADAPTIVE_ELIMINATE_DEAD", True)
         self.patterns = env_flag("NEURON_ADAPTIVE_PATTERNS", True)  # the pattern library
+        self.horizontal = env_flag("NEURON_ADAPTIVE_HORIZONTAL", True)  # multi-tensor kernels
         # the on-chip rule's budget: one NeuronCore's SBUF (0 turns the rule off)
         self.on_chip_bytes = int(env_float("NEURON_ADAPTIVE_ON_CHIP_MB", PROFILE.sbuf_bytes / (1 << 20)) * (1 << 20))
 
@@ -141,7 +142,7 @@ class AdaptiveSink:
         if plan is None:
             plan = plan_window(
                 records, lambda index, position: (index, position) in escaping, self.unfusable,
-                self.kernel_cache, self.policy.on_chip_bytes, self.policy.patterns,
+                self.kernel_cache, self.policy.on_chip_bytes, self.policy.patterns, self.policy.horizontal,
             )
             self.plan_cache.put(key, plan)
             for reason_text, count in plan.refusals.items():

@@ -117,7 +117,7 @@ def _signature(members, records, touched_by, dead) -> tuple:
     return (tuple(records[index].key for index in members), flow, tuple(sorted(dead)), len(position))
 
 
-def _build_spec(members, records, dead, signature, pattern=None) -> KernelSpec:
+def _build_spec(members, records, dead, signature, pattern=None, repeats=1) -> KernelSpec:
     produced = {}
     for offset, index in enumerate(members):
         for position, storage in enumerate(records[index].results):
@@ -145,7 +145,9 @@ def _build_spec(members, records, dead, signature, pattern=None) -> KernelSpec:
     nbytes = sum(external_reads.values()) + sum(written.values())
     memory_us = nbytes / PROFILE.hbm_bandwidth_bytes_per_s * 1e6
     time_us = PROFILE.launch_overhead_us + max(memory_us, compute_us)
-    name = "|".join(short_name(records[index]) for index in members)
+    name = "|".join(short_name(records[index]) for index in members[: len(members) // repeats])
+    if repeats > 1:
+        name = f"{name} x{repeats}"
     if pattern is not None:
         name = f"{pattern.name}({name})"
     return KernelSpec(
@@ -153,7 +155,7 @@ def _build_spec(members, records, dead, signature, pattern=None) -> KernelSpec:
     )
 
 
-def group_spec(members, records, touched_by, escapes, kernel_cache=None, match=None) -> GroupSpec:
+def group_spec(members, records, touched_by, escapes, kernel_cache=None, match=None, repeats=1) -> GroupSpec:
     members = tuple(members)
     if len(members) == 1 and match is None:
         return GroupSpec(members, None)
@@ -168,7 +170,7 @@ def group_spec(members, records, touched_by, escapes, kernel_cache=None, match=N
     signature = _signature(members, records, touched_by, dead) + ((match.name,) if match is not None else ())
 
     def build():
-        return _build_spec(members, records, dead, signature, match.spec() if match is not None else None)
+        return _build_spec(members, records, dead, signature, match.spec() if match is not None else None, repeats)
 
     spec = kernel_cache.get_or_build(signature, build) if kernel_cache is not None else build()
     return GroupSpec(members, spec)

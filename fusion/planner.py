@@ -45,7 +45,7 @@ class Group:
     only while its working set still fits.
     """
 
-    __slots__ = ("members", "anchor", "anchor_kind", "numels", "footprint", "on_chip_only", "match")
+    __slots__ = ("members", "anchor", "anchor_kind", "numels", "footprint", "on_chip_only", "match", "repeats")
 
     def __init__(self, index: int, kind: str, record) -> None:
         self.members = [index]
@@ -65,6 +65,7 @@ class Group:
         self.footprint = footprint
         self.on_chip_only = kind in (OPAQUE, BARRIER)
         self.match = None  # a patterns.Match: the group is one library kernel, closed
+        self.repeats = 1  # how many same-shaped chains a horizontal fusion put together
 
     def merged_footprint(self, other: "Group") -> int:
         mine = self.footprint
@@ -190,8 +191,47 @@ class Plan:
         )
 
 
+def _chain_shape(members, records) -> tuple:
+    """What makes two groups the same chain for horizontal fusion: their ops in order and
+    how data flows between them (shapes may differ, as in a multi-tensor kernel)."""
+    position = {index: offset for offset, index in enumerate(members)}
+    produced = {}
+    for index in members:
+        for storage in records[index].results:
+            if storage is not None:
+                produced[storage] = position[index]
+    return tuple(
+        (records[index].op, tuple(produced.get(s, -1) for s in records[index].reads)) for index in members
+    )
+
+
+def _fuse_horizontally(groups, group_of, records, graph, members_of) -> None:
+    """Put independent copies of the same multi-op chain into one launch: a multi-tensor
+    kernel, as an optimizer step issues the same short chain for every parameter. Legal
+    when no path joins them (the cycle check); the ops still run in program order."""
+    buckets: dict = {}
+    for gid in sorted(groups, key=lambda g: min(groups[g].members)):
+        group = groups[gid]
+        if len(group.members) < 2 or group.match is not None:
+            continue
+        buckets.setdefault(_chain_shape(sorted(group.members), records), []).append(gid)
+    for gids in buckets.values():
+        if len(gids) < 2:
+            continue
+        head = groups[gids[0]]
+        for gid in gids[1:]:
+            other = groups[gid]
+            if would_create_cycle(graph, head.members, other.members, members_of):
+                continue
+            head.members += other.members
+            head.repeats += other.repeats
+            del groups[gid]
+            for index in other.members:
+                group_of[index] = gids[0]
+
+
 def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_chip_bytes: int = 0,
-                patterns: bool = True) -> Plan:
+                patterns: bool = True, horizontal: bool = True) -> Plan:
     """Group the window's records into kernels.
 
     ``escapes(index, position)`` tells whether a record's output is still referenced from
@@ -240,6 +280,9 @@ def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_c
         for index in merged.members:
             group_of[index] = keep
 
+    if horizontal:
+        _fuse_horizontally(groups, group_of, records, graph, members_of)
+
     # launch order: a topological order of the groups, smallest first position first
     quotient = nx.DiGraph()
     quotient.add_nodes_from(groups)
@@ -253,7 +296,8 @@ def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_c
             if storage is not None:
                 touched_by.setdefault(storage, set()).add(index)
     specs = [
-        group_spec(sorted(groups[gid].members), records, touched_by, escapes, kernel_cache, groups[gid].match)
+        group_spec(sorted(groups[gid].members), records, touched_by, escapes, kernel_cache, groups[gid].match,
+                   groups[gid].repeats)
         for gid in order
     ]
     return Plan(specs, refusals)

@@ -294,3 +294,26 @@ def test_adaptive_records_exactly_the_ops_strict_records():
             return adaptive_eager.stats()["ops_recorded"]
 
     assert ops(True) == ops(False)
+
+
+def test_independent_copies_of_a_chain_fuse_horizontally():
+    # What an optimizer step issues: the same chain for every parameter.
+    params = [torch.randn(n) for n in (8, 16, 32)]
+    grads = [torch.randn(n) for n in (8, 16, 32)]
+    device_params, device_grads = device(*params), device(*grads)
+    for p, g in zip(device_params, device_grads):
+        p.mul_(0.9).add_(g, alpha=-0.1)
+    for p, g in zip(params, grads):
+        p.mul_(0.9).add_(g, alpha=-0.1)
+    assert_same(device_params, params)
+    assert kernels() == (1, ["mul_|add_ x3"])
+
+
+def test_dependent_chains_do_not_fuse_horizontally():
+    weight, index = torch.randn(6, 4), torch.tensor([3, 1])
+    dw, di = device(weight, index)
+    first = (dw * 2).exp()
+    second = (F.embedding(di, first) * 2).exp()  # the same chain, after an opaque op reading the first
+    assert_same(second, (F.embedding(index, (weight * 2).exp()) * 2).exp())
+    assert kernels() == (3, ["aten::embedding", "mul|exp"])
+    assert adaptive_eager.stats()["kernels"]["mul|exp"]["launches"] == 2
