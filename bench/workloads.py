@@ -153,6 +153,137 @@ def build_gpt(device: str):
     return step
 
 
+# -- llama ---------------------------------------------------------------------------------
+
+
+class LlamaRMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin):
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+
+
+class LlamaRotaryEmbedding(nn.Module):
+    def __init__(self, dim: int, base: float = 10000.0) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x, position_ids):
+        inv_freq = self.inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1)
+        freqs = (inv_freq @ position_ids[:, None, :].float()).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.q_proj = nn.Linear(dim, dim, bias=False)
+        self.k_proj = nn.Linear(dim, dim, bias=False)
+        self.v_proj = nn.Linear(dim, dim, bias=False)
+        self.o_proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, hidden_states, cos, sin, attention_mask):
+        batch, seq, _ = hidden_states.shape
+        shape = (batch, seq, self.heads, self.head_dim)
+        q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
+        k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
+        v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        weights = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim)
+        weights = weights + attention_mask
+        weights = F.softmax(weights, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.matmul(weights, v).transpose(1, 2).contiguous().reshape(batch, seq, -1)
+        return self.o_proj(out)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+        self.act_fn = nn.SiLU()
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, dim: int, heads: int, hidden: int) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(dim, heads)
+        self.mlp = LlamaMLP(dim, hidden)
+        self.input_layernorm = LlamaRMSNorm(dim)
+        self.post_attention_layernorm = LlamaRMSNorm(dim)
+
+    def forward(self, hidden_states, cos, sin, attention_mask):
+        residual = hidden_states
+        hidden_states = self.self_attn(self.input_layernorm(hidden_states), cos, sin, attention_mask)
+        hidden_states = residual + hidden_states
+        residual = hidden_states
+        return residual + self.mlp(self.post_attention_layernorm(hidden_states))
+
+
+class Llama(nn.Module):
+    def __init__(self, vocab: int = 256, dim: int = 128, heads: int = 4, hidden: int = 344, layers: int = 2) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(dim, heads, hidden) for _ in range(layers))
+        self.norm = LlamaRMSNorm(dim)
+        self.rotary_emb = LlamaRotaryEmbedding(dim // heads)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, input_ids):
+        batch, seq = input_ids.shape
+        hidden_states = self.embed_tokens(input_ids)
+        position_ids = torch.arange(seq, device=input_ids.device).unsqueeze(0).expand(batch, -1)
+        cos, sin = self.rotary_emb(hidden_states, position_ids)
+        mask = torch.full((seq, seq), float("-inf"), device=input_ids.device).triu(1)[None, None]
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, cos, sin, mask)
+        return self.lm_head(self.norm(hidden_states))
+
+
+def build_llama(device: str):
+    torch.manual_seed(0)
+    model = Llama().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 256, (8, 65), generator=generator)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    def step():
+        logits = model(x.to(device))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.to(device).reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss.detach().cpu()
+
+    return step
+
+
 # -- decode --------------------------------------------------------------------------------
 
 
@@ -243,6 +374,7 @@ WORKLOADS = {
         Workload("mlp", "3-layer MLP, batch 64, AdamW training step", build_mlp),
         Workload("cnn", "conv/batchnorm/relu/pool, batch 16 of 32x32, SGD momentum step", build_cnn),
         Workload("gpt", "2 GPT-2 blocks (hand-written attention, LayerNorm, tanh GELU), 8x64 tokens, AdamW", build_gpt),
+        Workload("llama", "2 Llama blocks as Hugging Face writes them (RMSNorm, rotary, SiLU-gated MLP, eager attention), 8x64 tokens, AdamW", build_llama),
         Workload("decode", "greedy decoding of 16 tokens with a KV cache, batch 1, 2 layers", build_decode, steps=7, quick_steps=5),
         Workload("optimizer", "AdamW step over 48 small parameters", build_optimizer),
     ]
