@@ -88,17 +88,20 @@ class OpRecord:
 
         Every storage read here holds data: it was allocated on the host, or written by an
         earlier kernel on the FIFO queue (or that kernel failed, and this one is skipped).
+        ``env`` holds the values a fused kernel keeps in registers.
         """
-        if env is None and not self.nested:
-            args = [a.data if type(a) is DeviceStorage else a for a in self.args]
-            kwargs = self.kwargs
-            if kwargs:
-                kwargs = {k: (v.data if type(v) is DeviceStorage else v) for k, v in kwargs.items()}
-                return self.op._op(*args, **kwargs)
-            return self.op._op(*args)
-        args = resolve(self.args, env)
-        if self.kwargs:
-            return self.op._op(*args, **{k: resolve(v, env) for k, v in self.kwargs.items()})
+        if not self.nested:
+            if env:
+                args = [
+                    (env.get(a) if a in env else a.data) if type(a) is DeviceStorage else a for a in self.args
+                ]
+            else:
+                args = [a.data if type(a) is DeviceStorage else a for a in self.args]
+        else:
+            args = resolve(self.args, env)
+        kwargs = self.kwargs
+        if kwargs:
+            return self.op._op(*args, **{k: resolve(v, env) for k, v in kwargs.items()})
         return self.op._op(*args)
 
     def store(self, result) -> None:

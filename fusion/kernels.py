@@ -204,16 +204,7 @@ class FusedKernel:
             try:
                 if faults is not None:
                     faults.check(record.name)
-                if record.nested or record.kwargs:
-                    result = record.run(env)
-                else:  # the common case, resolved inline
-                    args = []
-                    for value in record.args:
-                        if type(value) is DeviceStorage:
-                            tensor = env.get(value) if env else None
-                            value = tensor if tensor is not None else value.data
-                        args.append(value)
-                    result = record.op._op(*args)
+                result = record.run(env)
                 if isinstance(result, torch.Tensor):
                     storage = record.results[0]
                     if storage is not None:
