@@ -217,7 +217,7 @@ class AdaptiveSink:
             else:
                 group = [records[index] for index in members]
                 stream = group[0].stream
-                launch(FusedKernel(group, spec, stream), spec.name, spec.bytes, spec.time_us, stream)
+                launch(FusedKernel(group, spec, stream), spec.name, spec.bytes, spec.time_us, stream, spec.ops)
         totals = plan.totals
         if totals[0]:
             FUSION.fused_kernels += totals[0]

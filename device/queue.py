@@ -91,11 +91,12 @@ class ExecutionQueue:
         # Doorbell batching: submitted items wait in ``_batch`` until the host rings.
         self._batch: list = []
         self._batch_bytes = 0
+        self._batch_ops = 0
         self.batch_items = int(os.environ.get("NEURON_QUEUE_BATCH", "1024"))
         self.batch_bytes = int(float(os.environ.get("NEURON_QUEUE_BATCH_MB", "1")) * (1 << 20))
 
     # -- host side -------------------------------------------------------------------
-    def submit(self, item, stream_id: int = 0, nbytes: int = 0) -> int:
+    def submit(self, item, stream_id: int = 0, nbytes: int = 0, ops: int = 1) -> int:
         """Put ``item`` on the queue. Items reach the worker in batches (see ``ring``)."""
         self.submitted += 1
         sequence = self.submitted
@@ -103,7 +104,8 @@ class ExecutionQueue:
         batch = self._batch
         batch.append(item)
         self._batch_bytes += nbytes
-        if len(batch) >= self.batch_items or self._batch_bytes >= self.batch_bytes:
+        self._batch_ops += ops
+        if self._batch_ops >= self.batch_items or self._batch_bytes >= self.batch_bytes:
             self.ring()
         return sequence
 
@@ -123,9 +125,10 @@ class ExecutionQueue:
                 self._start()
             self._batch = []
             self._batch_bytes = 0
+            self._batch_ops = 0
             self._items.put(batch)
 
-    def launch(self, kernel, key, nbytes: int, time_us: float, stream: int) -> int:
+    def launch(self, kernel, key, nbytes: int, time_us: float, stream: int, ops: int = 1) -> int:
         """Submit one kernel launch and account for it.
 
         The simulated clock is advanced here, at submission: with one in-order queue, a
@@ -149,7 +152,7 @@ class ExecutionQueue:
             totals[2] += nbytes
         by_stream = counters.launches_by_stream
         by_stream[stream] = by_stream.get(stream, 0) + 1
-        sequence = self.submit(kernel, stream, nbytes)
+        sequence = self.submit(kernel, stream, nbytes, ops)
         if self.trace is not None:
             self.trace.kernel(kernel, key, start, time_us, stream, sequence)
         return sequence
