@@ -25,11 +25,10 @@ from __future__ import annotations
 import logging
 from weakref import ref
 
-import cachetools
-
 from .device.config import CONFIG, env_flag, env_float
 from .device.cost_model import PROFILE
 from .device.queue import QUEUE
+from .fusion.caches import CountingLRU
 from .fusion.categories import BARRIER, category
 from .fusion.kernels import FAILED_SIGNATURES, FusedKernel, KernelCache
 from .fusion.planner import plan_window
@@ -52,43 +51,6 @@ class WindowPolicy:
         self.on_chip_bytes = int(env_float("NEURON_ADAPTIVE_ON_CHIP_MB", PROFILE.sbuf_bytes / (1 << 20)) * (1 << 20))
 
 
-class PlanCache:
-    """Plans by window structure (LRU), with hit/miss/eviction counters."""
-
-    def __init__(self, maxsize: int = 1024) -> None:
-        self.evictions = 0
-        outer = self
-
-        class _LRU(cachetools.LRUCache):
-            def popitem(self):
-                outer.evictions += 1
-                return super().popitem()
-
-        self._cache = _LRU(maxsize=maxsize)
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, key):
-        plan = self._cache.get(key)
-        if plan is None:
-            self.misses += 1
-        else:
-            self.hits += 1
-        return plan
-
-    def put(self, key, plan) -> None:
-        self._cache[key] = plan
-
-    def clear(self) -> None:
-        self._cache.clear()
-
-    def stats(self) -> dict:
-        return {"hits": self.hits, "misses": self.misses, "evictions": self.evictions, "size": len(self._cache)}
-
-    def reset_counters(self) -> None:
-        self.hits = self.misses = self.evictions = 0
-
-
 class AdaptiveSink:
     name = "adaptive"
 
@@ -96,7 +58,7 @@ class AdaptiveSink:
         self.policy = policy or WindowPolicy()
         self.records: list = []
         self.outputs: list = []  # per record: weak references to its output tensors
-        self.plan_cache = PlanCache()
+        self.plan_cache = CountingLRU(maxsize=1024)  # plans by window structure
         self.kernel_cache = KernelCache()
         self.unfusable: set = set()
         FUSION.caches["plan_cache"] = self.plan_cache
@@ -138,13 +100,13 @@ class AdaptiveSink:
             self._mark_failed_unfusable()
         escaping = self._escaping(records, outputs)
         key = self._window_key(records, escaping)
-        plan = self.plan_cache.get(key)
+        plan = self.plan_cache.lookup(key)
         if plan is None:
             plan = plan_window(
                 records, lambda index, position: (index, position) in escaping, self.unfusable,
                 self.kernel_cache, self.policy.on_chip_bytes, self.policy.patterns, self.policy.horizontal,
             )
-            self.plan_cache.put(key, plan)
+            self.plan_cache[key] = plan
             for reason_text, count in plan.refusals.items():
                 FUSION.refusals[reason_text] += count
         self._launch(plan, records)

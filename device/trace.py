@@ -24,7 +24,6 @@ from __future__ import annotations
 import atexit
 import itertools
 import json
-import os
 import threading
 import time
 

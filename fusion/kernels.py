@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import threading
 
-import cachetools
 import torch
 
 from adaptive_eager.device.cost_model import PROFILE
 from adaptive_eager.device.kernel import flatten_results, resolve
-from adaptive_eager.device.storage import DeviceStorage
 
+from .caches import CountingLRU
 from .patterns import checks_pass
 
 # signatures of fused kernels that failed; the runtime drains it (worker -> host)
@@ -65,43 +64,20 @@ class GroupSpec:
         self.kernel = kernel  # None: a single op, launched as in strict eager
 
 
-class KernelCache:
+class KernelCache(CountingLRU):
     """Built kernels by signature (LRU), with hit/miss/eviction counters."""
 
     def __init__(self, maxsize: int = 4096) -> None:
-        self.maxsize = maxsize
-        self.evictions = 0
-        outer = self
-
-        class _LRU(cachetools.LRUCache):
-            def popitem(self):
-                outer.evictions += 1
-                return super().popitem()
-
-        self._cache = _LRU(maxsize=maxsize)
-        self.hits = 0
-        self.misses = 0
+        super().__init__(maxsize)
 
     def get_or_build(self, signature, build):
-        spec = self._cache.get(signature)
-        if spec is not None:
-            self.hits += 1
-            return spec
-        self.misses += 1
-        spec = self._cache[signature] = build()
+        spec = self.lookup(signature)
+        if spec is None:
+            spec = self[signature] = build()
         return spec
 
     def invalidate(self, signature) -> None:
-        self._cache.pop(signature, None)
-
-    def clear(self) -> None:
-        self._cache.clear()
-
-    def stats(self) -> dict:
-        return {"hits": self.hits, "misses": self.misses, "evictions": self.evictions, "size": len(self._cache)}
-
-    def reset_counters(self) -> None:
-        self.hits = self.misses = self.evictions = 0
+        self.pop(signature, None)
 
 
 def _signature(members, records, touched_by, dead) -> tuple:

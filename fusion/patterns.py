@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from adaptive_eager.device.storage import DeviceStorage
 

@@ -27,9 +27,9 @@ import logging
 
 import networkx as nx
 
-from .categories import BARRIER, MATMUL, OPAQUE, POINTWISE, RANDOM, REDUCTION, category
+from .categories import BARRIER, MATMUL, OPAQUE, REDUCTION, category
 from .graph import build_graph, would_create_cycle
-from .kernels import GroupSpec, group_spec
+from .kernels import group_spec
 from .patterns import find_patterns
 
 LOG = logging.getLogger("adaptive_eager.fusion")
@@ -251,6 +251,7 @@ def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_c
         matches, pattern_refusals = find_patterns(records, escapes)
         for reason, count in pattern_refusals.items():
             refusals[reason] = refusals.get(reason, 0) + count
+            LOG.debug("not matching %s (%d times)", reason, count)
         for match in matches:
             first = match.members[0]
             head = groups[first]

@@ -1,0 +1,139 @@
+"""Ops that touch host memory: copies across devices, host reads, data-dependent ops and
+the CPU fallback.
+
+Entry points: :func:`run_copy` (``copy_``, ``_to_copy``), :func:`run_on_host` (an op run
+on the CPU bytes after a sync point) and :func:`host_call_args` (a call's arguments with neuron
+tensors replaced by the CPU tensors holding their bytes).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import dispatch as _dispatch
+from . import sync as _sync
+from .config import CONFIG
+from .errors import poisoned_read_error
+from .metrics import COUNTERS
+from .op_table import op_entry
+from .random import GENERATOR
+from .storage import DeviceStorage, storage_nbytes
+from .tensor import NeuronTensor, cpu_view, wrap_fresh
+
+aten = torch.ops.aten
+CPU = torch.device("cpu")
+_Tensor = torch.Tensor
+
+
+def host_call_args(entry, args, kwargs, check_poison=False):
+    """Arguments with neuron tensors replaced by their CPU backing tensors."""
+
+    def convert(value):
+        if type(value) is NeuronTensor:
+            if check_poison and value._storage.poison is not None:
+                raise poisoned_read_error(value._storage.poison)
+            return cpu_view(value)
+        if isinstance(value, (list, tuple)):
+            return type(value)(convert(v) for v in value)
+        if isinstance(value, torch.device) and value.type == "neuron":
+            return CPU
+        if entry.generator_arg is not None and value is None:
+            return value
+        return value
+
+    host_args = [convert(a) for a in args]
+    host_kwargs = {k: convert(v) for k, v in kwargs.items()}
+    if entry.generator_arg is not None and host_kwargs.get("generator") is None:
+        host_kwargs["generator"] = GENERATOR
+    return host_args, host_kwargs
+
+
+def run_copy(entry, args, kwargs):
+    op = entry.op
+    if op is aten.copy_.default:
+        dst, src = args[0], args[1]
+        if type(dst) is NeuronTensor:
+            return _dispatch.launch(entry, args, kwargs)  # device <- device, or device <- host
+        return run_on_host(entry, args, kwargs, "copy_to_host")
+    if op is aten._to_copy.default:
+        source = args[0]
+        device = kwargs.get("device")
+        if type(source) is not NeuronTensor:  # host -> device
+            return _upload(source, kwargs)
+        if device is not None and device.type != "neuron":
+            return run_on_host(entry, args, kwargs, "copy_to_host")
+        return _dispatch.launch(entry, args, kwargs)
+    if op is aten._copy_from.default:  # src.copy_(dst) with dst on the device
+        src, dst = args[0], args[1]
+        return _dispatch.dispatch(aten.copy_.default, (dst, src), {"non_blocking": args[2] if len(args) > 2 else False})
+    return run_on_host(entry, args, kwargs, "fallback")
+
+
+def _upload(source: torch.Tensor, kwargs):
+    """``cpu_tensor.to('neuron')``: a fresh device tensor, then one copy kernel that reads
+    a snapshot of the host tensor (and converts dtype if asked)."""
+    if source.layout != torch.strided:
+        raise NotImplementedError(
+            f"{source.layout} tensors are not supported on the neuron device; convert with "
+            ".to_dense() first"
+        )
+    meta_kwargs = dict(kwargs, device=torch.device("meta"))
+    meta = aten._to_copy.default(torch.empty_strided(source.shape, source.stride(), dtype=source.dtype, device="meta"), **meta_kwargs)
+    shape, stride = tuple(meta.shape), tuple(meta.stride())
+    storage = DeviceStorage(shape, stride, meta.dtype, storage_nbytes(shape, stride, meta.element_size()))
+    storage.materialize()  # the copy kernel writes into it
+    target = wrap_fresh(shape, stride, meta.dtype, storage, (shape, stride, meta.dtype))
+    _dispatch.launch(op_entry(aten.copy_.default), (target, source), {})
+    return target
+
+
+def run_on_host(entry, args, kwargs, reason):
+    """Run an op on the CPU backing tensors after a sync point.
+
+    Reasons: ``host_read`` (the result is a host value), ``copy_to_host``,
+    ``data_dependent`` (output shape unknown until it runs), ``fallback`` (no meta kernel:
+    the device cannot queue it) and ``meta_rejected`` (the meta kernel raised; the CPU
+    decides whether this is the user's error or a meta kernel's).
+    """
+    if reason == "fallback" and not CONFIG.fallback:
+        raise NotImplementedError(
+            f"{entry.name} is not supported on the neuron device (no meta kernel to infer its "
+            "output), and NEURON_FALLBACK=0 forbids running it on the CPU."
+        )
+    _sync.synchronize(f"{reason}: {entry.name}" if reason in ("fallback", "data_dependent") else reason)
+    host_args, host_kwargs = host_call_args(entry, args, kwargs, check_poison=True)
+    result = entry.op(*host_args, **host_kwargs)
+    if reason == "fallback" or reason == "meta_rejected":
+        COUNTERS.fallback_ops[entry.name] += 1
+    elif reason == "data_dependent":
+        COUNTERS.ops_recorded += 1
+        COUNTERS.kernels_launched += 1
+    if reason in ("host_read", "copy_to_host"):
+        return result
+    return _upload_result(entry, result, args, kwargs)
+
+
+def _upload_result(entry, result, args, kwargs):
+    """Fresh CPU results of a host-run op become device tensors; mutated inputs are
+    already updated in place (their CPU tensors alias device memory)."""
+    if isinstance(result, _Tensor):
+        return _upload_one(entry, result, args, kwargs, 0)
+    if isinstance(result, (list, tuple)):
+        return type(result)(
+            _upload_one(entry, value, args, kwargs, i) if isinstance(value, _Tensor) else value
+            for i, value in enumerate(result)
+        )
+    return result
+
+
+def _upload_one(entry, value, args, kwargs, position):
+    aliases = entry.return_alias
+    alias = aliases[position] if position < len(aliases) else None
+    if alias is not None:
+        index, name = alias
+        return args[index] if index < len(args) else kwargs[name]
+    if value.layout != torch.strided:
+        raise NotImplementedError(f"{entry.name} returned a {value.layout} tensor; sparse layouts are not supported on the neuron device")
+    value = value.clone() if value._is_view() else value
+    shape, stride = tuple(value.shape), value.stride()
+    storage = DeviceStorage(shape, stride, value.dtype, storage_nbytes(shape, stride, value.element_size()), value)
+    return wrap_fresh(shape, stride, value.dtype, storage, (shape, stride, value.dtype))
