@@ -24,6 +24,25 @@ class Workload:
     quick_steps: int = 5
 
 
+def language_model_step(model, optimizer, device: str, clip: float | None = None):
+    """One next-token training step on a fixed batch: what users write."""
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 256, (8, 65), generator=generator)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    def step():
+        logits = model(x.to(device))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.to(device).reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        return loss.detach().cpu()
+
+    return step
+
+
 # -- mlp ---------------------------------------------------------------------------------
 
 
@@ -137,20 +156,7 @@ def build_gpt(device: str):
     torch.manual_seed(0)
     model = GPT().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
-    generator = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, 256, (8, 65), generator=generator)
-    x, y = tokens[:, :-1], tokens[:, 1:]
-
-    def step():
-        logits = model(x.to(device))
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.to(device).reshape(-1))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        return loss.detach().cpu()
-
-    return step
+    return language_model_step(model, optimizer, device, clip=1.0)
 
 
 # -- llama ---------------------------------------------------------------------------------
@@ -269,19 +275,7 @@ def build_llama(device: str):
     torch.manual_seed(0)
     model = Llama().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
-    generator = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, 256, (8, 65), generator=generator)
-    x, y = tokens[:, :-1], tokens[:, 1:]
-
-    def step():
-        logits = model(x.to(device))
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.to(device).reshape(-1))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        return loss.detach().cpu()
-
-    return step
+    return language_model_step(model, optimizer, device)
 
 
 # -- decode --------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 numbers on the unfused code (within the tolerance fusion/patterns.py documents), and does
 not apply when it would not be exactly right."""
 import math
+import os
+import sys
 
 import pytest
 import torch
@@ -10,6 +12,9 @@ import torch.nn.functional as F
 import adaptive_eager
 from adaptive_eager.mode import _adaptive_sink
 from conftest import assert_same
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.workloads import LlamaRMSNorm  # noqa: E402  (as Hugging Face writes it)
 
 
 @pytest.fixture(autouse=True)
@@ -90,22 +95,6 @@ def test_silu_is_one_kernel():
     (d,) = on_device(x)
     assert_same(d * torch.sigmoid(d), x * torch.sigmoid(x), rtol=1e-6, atol=1e-7)
     assert patterns() == {"silu": {"matched": 1, "ops": 2}}
-
-
-class LlamaRMSNorm(torch.nn.Module):
-    """As Hugging Face writes it."""
-
-    def __init__(self, hidden_size, eps=1e-6):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.ones(hidden_size))
-        self.variance_epsilon = eps
-
-    def forward(self, hidden_states):
-        input_dtype = hidden_states.dtype
-        hidden_states = hidden_states.to(torch.float32)
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        return self.weight * hidden_states.to(input_dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
