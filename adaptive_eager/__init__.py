@@ -62,3 +62,11 @@ __all__ = [
     "NeuronRuntimeError", "PoisonedTensorError", "clear_faults", "disable", "enable", "inject_fault",
     "is_enabled", "mode", "reset_stats", "stats", "synchronize",
 ]
+
+# Seeing what happened (issue 6): PyTorch/XLA-style metrics, and the silent-by-default
+# `adaptive_eager` logger hierarchy (NEURON_LOG_LEVEL=DEBUG prints it to stderr).
+from .logs import setup as _setup_logging  # noqa: E402
+from .metrics import clear_counters, counter_names, counter_value, counters, metric_names, metric_value, metrics_report  # noqa: E402,I001
+
+_setup_logging()
+__all__ += ["clear_counters", "counter_names", "counter_value", "counters", "metric_names", "metric_value", "metrics_report"]
