@@ -30,8 +30,8 @@ from .device import NeuronRuntimeError, PoisonedTensorError  # noqa: E402
 from .device.location import add_internal_dir as _add_internal_dir  # noqa: E402
 from .device.sync import synchronize as _synchronize  # noqa: E402
 from .mode import disable, enable, is_enabled, mode  # noqa: E402
-from .stats import install_exit_dump as _install_exit_dump  # noqa: E402
-from .stats import reset_stats, stats  # noqa: E402
+from .statistics import install_exit_dump as _install_exit_dump  # noqa: E402
+from .statistics import reset_stats, stats  # noqa: E402
 
 _add_internal_dir(_here)
 _install_exit_dump()

@@ -22,7 +22,7 @@ Reading waits for the device queue to drain (as :func:`adaptive_eager.stats` doe
 from __future__ import annotations
 
 from .report_text import hit_rate
-from .stats import reset_stats, stats
+from .statistics import reset_stats, stats
 
 _PLAIN = (
     "ops_recorded", "view_ops", "kernels_launched", "fused_kernels", "ops_fused", "kernels_skipped",

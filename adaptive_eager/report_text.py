@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from .stats import STATS_VERSION
+from .statistics import STATS_VERSION
 
 REQUIRED_KEYS = (
     "mode", "ops_recorded", "kernels_launched", "fused_kernels", "ops_fused", "flushes",

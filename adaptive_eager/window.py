@@ -32,7 +32,7 @@ from .fusion.caches import CountingLRU
 from .fusion.categories import BARRIER, category
 from .fusion.kernels import FAILED_SIGNATURES, FusedKernel, KernelCache
 from .fusion.planner import plan_window
-from .stats import FUSION
+from .statistics import FUSION
 
 LOG = logging.getLogger("adaptive_eager.window")
 
@@ -77,6 +77,9 @@ class AdaptiveSink:
             self.flush("window_full")
         elif count >= self.policy.min_ops and QUEUE.backlog_us() <= self.policy.shallow_us:
             self.flush("queue_shallow")
+        for storage in record.results:
+            if storage is not None:
+                storage.views = []  # track views of it until the flush
         self.records.append(record)
         # Weak references: holding the outputs would change PyTorch's behaviour (autograd
         # steals a gradient buffer only when nothing else references it).
@@ -122,7 +125,9 @@ class AdaptiveSink:
             position = 0
             for storage in record.results:
                 if storage is not None:
-                    if keep_all or storage.pinned or storage.views is not None and storage.has_live_view():
+                    live_view = storage.has_live_view()
+                    storage.views = None  # decided: stop tracking its views
+                    if keep_all or storage.pinned or live_view:
                         escaping.add((index, position))
                     else:
                         weak = tensors[position] if position < len(tensors) else None

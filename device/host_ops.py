@@ -12,11 +12,14 @@ import torch
 from . import dispatch as _dispatch
 from . import sync as _sync
 from .config import CONFIG
+from .cost_model import PROFILE
 from .errors import poisoned_read_error
 from .metrics import COUNTERS
 from .op_table import op_entry
+from .queue import QUEUE
 from .random import GENERATOR
 from .storage import DeviceStorage, storage_nbytes
+from .streams import STATE as _STREAMS
 from .tensor import NeuronTensor, cpu_view, wrap_fresh
 
 aten = torch.ops.aten
@@ -105,8 +108,16 @@ def run_on_host(entry, args, kwargs, reason):
     if reason == "fallback" or reason == "meta_rejected":
         COUNTERS.fallback_ops[entry.name] += 1
     elif reason == "data_dependent":
+        # One blocking launch: counted and costed like any kernel, from its real sizes.
         COUNTERS.ops_recorded += 1
-        COUNTERS.kernels_launched += 1
+        written = [t for t in (result if isinstance(result, (list, tuple)) else (result,)) if isinstance(t, _Tensor)]
+        read = [t for t in host_args if isinstance(t, _Tensor)]
+        nbytes = sum(t.numel() * t.element_size() for t in read + written)
+        elements = max((t.numel() for t in read + written), default=0)
+        dtype = written[0].dtype if written else torch.float32
+        start = QUEUE.account(entry.op, nbytes, PROFILE.kernel_time_us(nbytes, elements, dtype), _STREAMS.current)
+        if QUEUE.trace is not None:
+            QUEUE.trace.kernel(entry.op, entry.op, start, PROFILE.kernel_time_us(nbytes, elements, dtype), _STREAMS.current, 0)
     if reason in ("host_read", "copy_to_host"):
         return result
     return _upload_result(entry, result, args, kwargs)

@@ -129,12 +129,17 @@ class ExecutionQueue:
             self._items.put(batch)
 
     def launch(self, kernel, key, nbytes: int, time_us: float, stream: int, ops: int = 1) -> int:
-        """Submit one kernel launch and account for it.
+        """Submit one kernel launch and account for it."""
+        start = self.account(key, nbytes, time_us, stream)
+        sequence = self.submit(kernel, stream, nbytes, ops)
+        if self.trace is not None:
+            self.trace.kernel(kernel, key, start, time_us, stream, sequence)
+        return sequence
 
-        The simulated clock is advanced here, at submission: with one in-order queue, a
-        kernel starts when the one before it ends, so its simulated start and end are known
-        when it is issued (the device's idle gaps are not simulated time).
-        """
+    def account(self, key, nbytes: int, time_us: float, stream: int) -> float:
+        """Count one launch (``key``: its op or fused kernel name) and return its simulated
+        start. The simulated clock advances here, at submission: with one in-order queue, a
+        kernel starts when the one before it ends, so its slot is known when it is issued."""
         counters = COUNTERS
         counters.kernels_launched += 1
         counters.bytes_moved += nbytes
@@ -152,10 +157,7 @@ class ExecutionQueue:
             totals[2] += nbytes
         by_stream = counters.launches_by_stream
         by_stream[stream] = by_stream.get(stream, 0) + 1
-        sequence = self.submit(kernel, stream, nbytes, ops)
-        if self.trace is not None:
-            self.trace.kernel(kernel, key, start, time_us, stream, sequence)
-        return sequence
+        return start
 
     def depth(self) -> int:
         """Items submitted and not yet run by the worker thread (real, timing-dependent)."""

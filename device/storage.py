@@ -91,7 +91,7 @@ class DeviceStorage:
         self.data = data
         self.poison = None  # KernelFailure that left this storage without valid data
         self.pinned = False  # aliased in ways views cannot describe (set_): always keep its data
-        self.views = None  # weak references to view tensors over it (see add_view)
+        self.views = None  # while in an adaptive window: weak references to views (add_view)
 
     def __del__(self) -> None:
         if self.nbytes is None:
@@ -102,11 +102,12 @@ class DeviceStorage:
         books.live_blocks -= 1
 
     def add_view(self, tensor) -> None:
-        """Remember a view tensor over this storage: while one is alive, fusion must write
-        the storage back to device memory."""
+        """Remember a view tensor over this storage while the storage is the pending output
+        of an adaptive window (``views`` is a list then): while a view is alive at the
+        flush, fusion must write the storage back. Other storages keep no weak references,
+        which would stop ``torch.utils.swap_tensors`` (``module.to``) from swapping them."""
         views = self.views
         if views is None:
-            self.views = [weakref.ref(tensor)]
             return
         if len(views) >= 8:
             views[:] = [ref for ref in views if ref() is not None]
@@ -114,7 +115,12 @@ class DeviceStorage:
 
     def has_live_view(self) -> bool:
         views = self.views
-        return views is not None and any(ref() is not None for ref in views)
+        if not views:
+            return False
+        for ref in views:
+            if ref() is not None:
+                return True
+        return False
 
     def materialize(self) -> torch.Tensor:
         """The CPU backing tensor, allocating it now if nothing has written it yet."""

@@ -32,7 +32,8 @@ _make_wrapper = torch.Tensor._make_wrapper_subclass
 
 
 class NeuronTensor(torch.Tensor):
-    __slots__ = ("_storage", "_ref", "_sig")
+    # No __slots__: torch.utils.swap_tensors (nn.Module._apply, below) swaps only tensors
+    # with the same slots as a plain Parameter; the three attributes live in __dict__.
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -72,6 +73,17 @@ class NeuronTensor(torch.Tensor):
         if self.dim() == 0:
             return self.item().__format__(format_spec)
         return object.__format__(self, format_spec)
+
+    # Declaring the (un)flatten protocol makes nn.Module._apply swap each parameter in
+    # place (torch.utils.swap_tensors) instead of wrapping a new Parameter per module:
+    # `.to('neuron')` then keeps tied weights tied. Tracing through a neuron tensor is not
+    # supported, and says so.
+    def __tensor_flatten__(self):
+        raise NotImplementedError("torch.compile and tracing are not supported on the neuron device")
+
+    @staticmethod
+    def __tensor_unflatten__(inner_tensors, metadata, outer_size, outer_stride):
+        raise NotImplementedError("torch.compile and tracing are not supported on the neuron device")
 
     def tolist(self):
         return self.cpu().tolist()

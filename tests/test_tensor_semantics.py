@@ -326,3 +326,24 @@ def test_numpy_and_tolist_need_a_host_copy():
     assert dev.cpu().numpy().tolist() == [0, 1, 2, 3]
     with pytest.raises(TypeError, match="neuron"):
         dev.numpy()
+
+
+def test_module_to_keeps_tied_weights_tied():
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 4)
+            self.head = torch.nn.Linear(4, 10, bias=False)
+            self.head.weight = self.embed.weight
+
+    torch.manual_seed(0)
+    cpu = Tied()
+    dev = Tied()
+    dev.load_state_dict(cpu.state_dict())
+    dev.to("neuron")
+    assert dev.embed.weight is dev.head.weight
+    assert isinstance(dev.embed.weight, torch.nn.Parameter) and dev.embed.weight.device.type == "neuron"
+    tokens = torch.tensor([1, 2, 7])
+    cpu.head(cpu.embed(tokens)).sum().backward()
+    dev.head(dev.embed(tokens.to("neuron"))).sum().backward()
+    assert_same(dev.embed.weight.grad, cpu.embed.weight.grad)  # both uses accumulate into one grad

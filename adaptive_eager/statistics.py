@@ -1,0 +1,127 @@
+"""The fusion-statistics dump (a contract: docs/ARCHITECTURE.md, "Statistics").
+
+Entry points: :func:`stats` (the dict), :func:`reset_stats`, :data:`FUSION` (the
+adaptive runtime's counters). ``python -m adaptive_eager.stats <file.json>`` prints a dump
+as a table (``adaptive_eager/stats.py``, the command, and ``report_text.py``).
+
+``NEURON_FUSION_STATS=<path>`` writes ``stats()`` as JSON when the process exits.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+from collections import Counter
+
+from .device.cost_model import PROFILE
+from .device.metrics import COUNTERS
+from .device.queue import QUEUE
+from .device.storage import MEMORY
+from .device.sync import current_sink, flush
+
+STATS_VERSION = 1
+
+
+class FusionCounters:
+    """Counters of the adaptive runtime (zero in strict mode)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.fused_kernels = 0  # launches that ran more than one op
+        self.ops_fused = 0  # ops that ran inside those launches
+        self.flushes: Counter = Counter()  # reason -> window flushes
+        self.patterns: dict = {}  # name -> {"matched": n, "ops": n}
+        self.refusals: Counter = Counter()  # reason -> fusions refused
+        self.bytes_saved = 0
+        self.dead_intermediates = 0  # outputs never written back to device memory
+        self.replays = 0  # fused kernels replayed op by op after a failure
+        self.caches: dict = {}  # name -> object with .stats() -> dict
+
+    def pattern(self, name: str, ops: int) -> None:
+        entry = self.patterns.setdefault(name, {"matched": 0, "ops": 0})
+        entry["matched"] += 1
+        entry["ops"] += ops
+
+
+FUSION = FusionCounters()
+
+
+def _cache_stats(name: str) -> dict:
+    cache = FUSION.caches.get(name)
+    if cache is None:
+        return {"hits": 0, "misses": 0, "evictions": 0, "size": 0}
+    return cache.stats()
+
+
+def stats() -> dict:
+    """Everything the runtime counted since start-up or the last :func:`reset_stats`.
+
+    Waits for the queue to drain first, so device-side figures are complete. Ops still
+    buffered in an adaptive window are counted as recorded, not yet as launched.
+    """
+    QUEUE.drain()
+    kernels = sorted(QUEUE.kernel_summary().items(), key=lambda item: -item[1][1])
+    return {
+        "version": STATS_VERSION,
+        "mode": "adaptive" if current_sink().name == "adaptive" else "strict",
+        "ops_recorded": COUNTERS.ops_recorded,
+        "kernels_launched": COUNTERS.kernels_launched,
+        "fused_kernels": FUSION.fused_kernels,
+        "ops_fused": FUSION.ops_fused,
+        "flushes": {"total": sum(FUSION.flushes.values()), "by_reason": dict(FUSION.flushes)},
+        "patterns": {name: dict(value) for name, value in FUSION.patterns.items()},
+        "kernel_cache": _cache_stats("kernel_cache"),
+        "plan_cache": _cache_stats("plan_cache"),
+        "fallback_ops": dict(COUNTERS.fallback_ops),
+        "bytes_moved": COUNTERS.bytes_moved,
+        "bytes_saved": FUSION.bytes_saved,
+        "device_time_us": round(COUNTERS.device_time_us, 3),
+        "errors": {"deferred": COUNTERS.errors_deferred, "raised": COUNTERS.errors_raised},
+        # beyond the contract
+        "refusals": dict(FUSION.refusals),
+        "dead_intermediates": FUSION.dead_intermediates,
+        "replays": FUSION.replays,
+        "view_ops": COUNTERS.view_ops,
+        "kernels_skipped": COUNTERS.kernels_skipped,
+        "sync_points": dict(COUNTERS.sync_points),
+        "launches_by_stream": {str(k): v for k, v in COUNTERS.launches_by_stream.items()},
+        "kernels": {name: {"launches": n, "time_us": round(t, 3), "bytes": b} for name, (n, t, b) in kernels},
+        "memory": {"peak_bytes": MEMORY.peak, "allocated_bytes": MEMORY.allocated},
+        "device": {"name": PROFILE.name, "launch_overhead_us": PROFILE.launch_overhead_us},
+    }
+
+
+def reset_stats() -> None:
+    """Zero every counter (cache contents are kept; their counters restart). Ops still in
+    an adaptive window are launched first, so nothing recorded before is counted after."""
+    flush("reset_stats")
+    QUEUE.drain()
+    COUNTERS.reset()
+    QUEUE.kernel_totals.clear()
+    caches = FUSION.caches
+    FUSION.reset()
+    FUSION.caches = caches
+    for cache in caches.values():
+        cache.reset_counters()
+    MEMORY.peak = MEMORY.allocated
+
+
+def dump(path: str) -> None:
+    with open(path, "w") as handle:
+        json.dump(stats(), handle, indent=2, sort_keys=True)
+        handle.write("\n")
+
+
+def _dump_at_exit() -> None:
+    path = os.environ.get("NEURON_FUSION_STATS")
+    if path:
+        flush("exit")
+        dump(path)
+
+
+def install_exit_dump() -> None:
+    """Called once by ``import adaptive_eager``."""
+    atexit.register(_dump_at_exit)
+
