@@ -138,16 +138,17 @@ class ExecutionQueue:
 
     def account(self, key, nbytes: int, time_us: float, stream: int) -> float:
         """Count one launch (``key``: its op or fused kernel name) and return its simulated
-        start. The simulated clock advances here, at submission: with one in-order queue, a
-        kernel starts when the one before it ends, so its slot is known when it is issued."""
+        start on the timeline. The simulated clocks advance here, at submission: with one
+        in-order queue, a kernel starts when both the one before it has ended and the
+        simulated host has issued it, so its slot is known when it is issued."""
         counters = COUNTERS
         counters.kernels_launched += 1
         counters.bytes_moved += nbytes
         counters.device_time_us += time_us
-        start = self.clock_us
-        self.clock_us = start + time_us
+        self.clock_us += time_us
         device_free = self.device_free_us
-        self.device_free_us = (device_free if device_free > self.host_us else self.host_us) + time_us
+        begin = device_free if device_free > self.host_us else self.host_us
+        self.device_free_us = begin + time_us
         totals = self.kernel_totals.get(key)
         if totals is None:
             self.kernel_totals[key] = [1, time_us, nbytes]
@@ -157,7 +158,7 @@ class ExecutionQueue:
             totals[2] += nbytes
         by_stream = counters.launches_by_stream
         by_stream[stream] = by_stream.get(stream, 0) + 1
-        return start
+        return begin
 
     def depth(self) -> int:
         """Items submitted and not yet run by the worker thread (real, timing-dependent)."""

@@ -10,7 +10,9 @@ Three tracks ("processes" in the trace-event format):
 - **neuron:0 worker (real time)**: when the worker actually ran each kernel, one row
   per stream;
 - **neuron:0 (simulated time)**: each kernel at its simulated start and duration on the
-  single hardware queue (cost model; starts at 0), one row per stream.
+  single hardware queue, one row per stream. The simulated timeline includes idle time:
+  a kernel starts once the simulated host has issued it (``NEURON_SIM_HOST_US`` per op)
+  and the kernel before it has ended, so a starved device shows gaps.
 
 Flow arrows (correlation ids) link every issued op to the kernel that ran it: a fused
 kernel receives arrows from all its ops.
@@ -36,7 +38,7 @@ HOST_PID, WORKER_PID, SIMULATED_PID = 1, 2, 3
 class TraceRecorder:
     def __init__(self, clock_origin_us: float = 0.0) -> None:
         self.origin = time.perf_counter()
-        self.clock_origin_us = clock_origin_us  # the simulated clock when tracing began
+        self.clock_origin_us = clock_origin_us  # the simulated timeline when tracing began
         self.events: list = []
         self._ids = itertools.count(1)
         self.kernels: dict = {}  # queue sequence -> (name, stream, op ids)
@@ -125,7 +127,7 @@ def start() -> TraceRecorder:
     from .queue import QUEUE
 
     QUEUE.drain()
-    recorder = TraceRecorder(QUEUE.clock_us)
+    recorder = TraceRecorder(max(QUEUE.host_us, QUEUE.device_free_us))
     QUEUE.trace = recorder
     return recorder
 

@@ -125,10 +125,10 @@ def test_trace_links_host_ops_to_device_kernels_per_stream(tmp_path, strict_mode
     assert [e["name"] for e in host] == ["aten::fill_", "aten::mul", "aten::relu", "aten::sum"]
     assert [e["name"] for e in simulated] == [e["name"] for e in host]
     assert sorted(e["name"] for e in worker) == sorted(e["name"] for e in host)
-    # the simulated queue runs kernels back to back from time 0
+    # the simulated queue runs kernels one after another, none before it is issued
     clock = 0.0
     for e in simulated:
-        assert e["ts"] == pytest.approx(clock) and e["dur"] >= 10.0
+        assert e["ts"] >= clock - 1e-6 and e["dur"] >= 10.0
         clock = e["ts"] + e["dur"]
     # one flow arrow per op, from its issue to its kernel's execution
     starts = {e["id"] for e in events if e["ph"] == "s"}
