@@ -86,6 +86,7 @@ def stats() -> dict:
         "view_ops": COUNTERS.view_ops,
         "kernels_skipped": COUNTERS.kernels_skipped,
         "sync_points": dict(COUNTERS.sync_points),
+        "collectives": dict(COUNTERS.collectives),
         "launches_by_stream": {str(k): v for k, v in COUNTERS.launches_by_stream.items()},
         "kernels": {name: {"launches": n, "time_us": round(t, 3), "bytes": b} for name, (n, t, b) in kernels},
         "memory": {"peak_bytes": MEMORY.peak, "allocated_bytes": MEMORY.allocated},

@@ -46,9 +46,21 @@ class DeviceProfile:
     # On-chip memory of one NeuronCore-v3 (SBUF, 24 MiB): what a fused kernel can keep
     # resident; the adaptive runtime's on-chip fusion rule uses it as its budget.
     sbuf_bytes: int = 24 * (1 << 20)
-    # Inter-chip link for collectives: NeuronLink inside a node (assumed 100 GB/s per
-    # direction per link for the simulation).
-    link_bandwidth_bytes_per_s: float = 100e9
+    # Inter-chip link for collectives: NeuronLink inside a node. An *assumption* for the
+    # simulation: 100 GB/s per direction per link (Trn2's NeuronLink-v3 is faster in
+    # aggregate; EFA between nodes is slower). Set NEURON_SIM_LINK_GBPS to try another.
+    link_bandwidth_bytes_per_s: float = dataclasses.field(
+        default_factory=lambda: env_float("NEURON_SIM_LINK_GBPS", 100.0) * 1e9
+    )
+
+    def collective_time_us(self, nbytes: int, world_size: int, all_to_all: bool) -> float:
+        """A ring collective: each rank sends and receives (n-1)/n of the data, twice for
+        an all-reduce (reduce-scatter, then all-gather)."""
+        if world_size <= 1:
+            return self.launch_overhead_us
+        passes = 2 if all_to_all else 1
+        traffic = passes * nbytes * (world_size - 1) / world_size
+        return self.launch_overhead_us + traffic / self.link_bandwidth_bytes_per_s * 1e6
 
     def peak_flops(self, dtype: torch.dtype) -> float:
         if dtype in (torch.bfloat16, torch.float16):

@@ -23,7 +23,7 @@ from . import sync as _sync
 from .kernel import OpRecord
 from .location import capture_location
 from .metrics import COUNTERS
-from .op_table import _ENTRIES, COPY, DATA_DEPENDENT, HOST_READ, KERNEL, METADATA, NO_OP, VIEW, op_entry
+from .op_table import _ENTRIES, COLLECTIVE, COPY, DATA_DEPENDENT, HOST_READ, KERNEL, METADATA, NO_OP, VIEW, op_entry
 from .queue import QUEUE
 from .random import GENERATOR
 from .shapes import NO_META, SHAPE_CACHE, MetaRejected, infer
@@ -157,6 +157,8 @@ def dispatch(func, args, kwargs):
         return run_metadata(entry, args, kwargs or {})
     if kind is NO_OP:
         return None
+    if kind is COLLECTIVE:
+        return run_collective(entry, args, kwargs or {})
     raise AssertionError(f"unknown op kind {kind}")
 
 
@@ -269,5 +271,6 @@ def _allocate(entry, args, kwargs):
     return wrap_fresh(shape, stride, meta.dtype, storage, (shape, stride, meta.dtype))
 
 
+from .collectives import run_collective  # noqa: E402
 from .host_ops import run_copy, run_on_host  # noqa: E402  (they launch kernels too)
 from .views import run_metadata, run_view  # noqa: E402

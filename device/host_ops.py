@@ -120,10 +120,10 @@ def run_on_host(entry, args, kwargs, reason):
             QUEUE.trace.kernel(entry.op, entry.op, start, PROFILE.kernel_time_us(nbytes, elements, dtype), _STREAMS.current, 0)
     if reason in ("host_read", "copy_to_host"):
         return result
-    return _upload_result(entry, result, args, kwargs)
+    return upload_result(entry, result, args, kwargs)
 
 
-def _upload_result(entry, result, args, kwargs):
+def upload_result(entry, result, args, kwargs):
     """Fresh CPU results of a host-run op become device tensors; mutated inputs are
     already updated in place (their CPU tensors alias device memory)."""
     if isinstance(result, _Tensor):

@@ -19,6 +19,7 @@ class DeviceCounters:
         "fallback_ops",  # Counter: aten::name -> runs on the CPU fallback
         "sync_points",  # Counter: reason -> host waits for the queue
         "launches_by_stream",  # dict: stream id -> launches
+        "collectives",  # Counter: c10d::op -> calls
         "bytes_moved",  # simulated device-memory traffic of launched kernels
         "device_time_us",  # simulated device time of launched kernels
         # queue side
@@ -37,6 +38,7 @@ class DeviceCounters:
         self.fallback_ops = Counter()
         self.sync_points = Counter()
         self.launches_by_stream = {}
+        self.collectives = Counter()
         self.bytes_moved = 0
         self.device_time_us = 0.0
         self.errors_deferred = 0

@@ -13,6 +13,8 @@ Kinds (plain strings, compared by identity on the hot path):
   a sync point.
 - ``DATA_DEPENDENT``: output shape depends on the data (``nonzero``, ``unique``): a sync
   point, then the op runs as one blocking launch.
+- ``COLLECTIVE``: a ``torch.distributed`` collective (``c10d::allreduce_``): a sync point,
+  then gloo runs it on the CPU bytes (``device/collectives.py``).
 - ``NO_OP``: nothing to do on this device (``record_stream``: memory is already freed
   in stream order, since a storage lives until the last kernel using it has run).
 """
@@ -29,6 +31,7 @@ COPY = "copy"
 HOST_READ = "host_read"
 DATA_DEPENDENT = "data_dependent"
 NO_OP = "no_op"
+COLLECTIVE = "collective"
 
 aten = torch.ops.aten
 
@@ -94,6 +97,8 @@ class OpEntry:
         self.rewrite = None  # the OpEntry of the op the device runs instead (random.py)
         if op in _NO_OPS:
             self.kind = NO_OP
+        elif self.name.startswith(("c10d::", "_c10d_functional::")):
+            self.kind = COLLECTIVE
         elif op in _COPY_OPS:
             self.kind = COPY
         elif op.is_view or op in _UNANNOTATED_VIEWS:
