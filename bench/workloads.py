@@ -24,6 +24,19 @@ class Workload:
     quick_steps: int = 5
 
 
+def classifier_step(model, optimizer, device: str, x, y):
+    """One classification training step on a fixed batch."""
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x.to(device)), y.to(device))
+        loss.backward()
+        optimizer.step()
+        return loss.detach().cpu()
+
+    return step
+
+
 def language_model_step(model, optimizer, device: str, clip: float | None = None):
     """One next-token training step on a fixed batch: what users write."""
     generator = torch.Generator().manual_seed(1)
@@ -52,15 +65,7 @@ def build_mlp(device: str):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(1)
     x, y = torch.randn(64, 256, generator=generator), torch.randint(0, 10, (64,), generator=generator)
-
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x.to(device)), y.to(device))
-        loss.backward()
-        optimizer.step()
-        return loss.detach().cpu()
-
-    return step
+    return classifier_step(model, optimizer, device, x, y)
 
 
 # -- cnn ---------------------------------------------------------------------------------
@@ -85,15 +90,7 @@ def build_cnn(device: str):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     generator = torch.Generator().manual_seed(1)
     x, y = torch.randn(16, 3, 32, 32, generator=generator), torch.randint(0, 10, (16,), generator=generator)
-
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x.to(device)), y.to(device))
-        loss.backward()
-        optimizer.step()
-        return loss.detach().cpu()
-
-    return step
+    return classifier_step(model, optimizer, device, x, y)
 
 
 # -- gpt ---------------------------------------------------------------------------------

@@ -127,6 +127,14 @@ def _dims(value):
 # -- matchers ---------------------------------------------------------------------------
 
 
+def _max_shifted(ctx: Context, shifted: int, dims) -> int | None:
+    """Position of ``amax(x, dims, keepdim=True)`` when ``shifted`` is ``x - that``."""
+    peak = ctx.source(shifted, 1, "aten::amax")
+    if peak is None or not ctx.same(shifted, 0, peak, 0) or _dims(ctx.arg(peak, 1)) != dims:
+        return None
+    return peak if ctx.arg(peak, 2) is True else None
+
+
 def match_softmax(ctx: Context, root: int):
     """exp(x - amax(x, d, keepdim)) / sum(that, d, keepdim) -> _softmax(x, d)."""
     if ctx.name(root) != "aten::div":
@@ -136,15 +144,11 @@ def match_softmax(ctx: Context, root: int):
     if exp is None or total is None or ctx.source(total, 0) != exp:
         return None
     shifted = ctx.source(exp, 0, "aten::sub")
-    if shifted is None:
-        return None
-    peak = ctx.source(shifted, 1, "aten::amax")
-    if peak is None or not ctx.same(shifted, 0, peak, 0):
-        return None
     dims = _dims(ctx.arg(total, 1))
-    if dims is None or len(dims) != 1 or _dims(ctx.arg(peak, 1)) != dims:
+    if shifted is None or dims is None or len(dims) != 1 or ctx.arg(total, 2) is not True:
         return None
-    if ctx.arg(total, 2) is not True or ctx.arg(peak, 2) is not True:
+    peak = _max_shifted(ctx, shifted, dims)
+    if peak is None:
         return None
     if not (ctx.private(exp, 2) and ctx.private(total, 1) and ctx.private(shifted, 1) and ctx.private(peak, 1)):
         return "intermediate escapes or is shared"
@@ -167,11 +171,11 @@ def match_log_softmax(ctx: Context, root: int):
     exp = ctx.source(total, 0, "aten::exp") if total is not None else None
     if exp is None or ctx.source(exp, 0) != shifted:
         return None
-    peak = ctx.source(shifted, 1, "aten::amax")
-    if peak is None or not ctx.same(shifted, 0, peak, 0):
-        return None
     dims = _dims(ctx.arg(total, 1))
-    if dims is None or len(dims) != 1 or _dims(ctx.arg(peak, 1)) != dims or ctx.arg(total, 2) is not True:
+    if dims is None or len(dims) != 1 or ctx.arg(total, 2) is not True:
+        return None
+    peak = _max_shifted(ctx, shifted, dims)
+    if peak is None:
         return None
     if not all(ctx.private(p, n) for p, n in ((shifted, 2), (exp, 1), (total, 1), (log, 1), (peak, 1))):
         return "intermediate escapes or is shared"
