@@ -89,6 +89,18 @@ def _upload(source: torch.Tensor, kwargs):
     return target
 
 
+def _histc_any_dtype(input, bins=100, min=0, max=0):
+    """CUDA's histc takes integer tensors (the CPU kernel does not): counts in the input's
+    dtype. Hugging Face's MoE routing relies on it on every accelerator."""
+    if input.is_floating_point():
+        return aten.histc.default(input, bins, min, max)
+    return aten.histc.default(input.double(), bins, min, max).to(input.dtype)
+
+
+# Ops whose accelerator semantics the CPU kernel lacks: the device implements them so.
+_ACCELERATOR_SEMANTICS = {aten.histc.default: _histc_any_dtype}
+
+
 def run_on_host(entry, args, kwargs, reason):
     """Run an op on the CPU backing tensors after a sync point.
 
@@ -104,7 +116,7 @@ def run_on_host(entry, args, kwargs, reason):
         )
     _sync.synchronize(f"{reason}: {entry.name}" if reason in ("fallback", "data_dependent") else reason)
     host_args, host_kwargs = host_call_args(entry, args, kwargs, check_poison=True)
-    result = entry.op(*host_args, **host_kwargs)
+    result = _ACCELERATOR_SEMANTICS.get(entry.op, entry.op)(*host_args, **host_kwargs)
     if reason == "fallback" or reason == "meta_rejected":
         COUNTERS.fallback_ops[entry.name] += 1
     elif reason == "data_dependent":

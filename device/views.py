@@ -88,6 +88,8 @@ def run_view(entry, args, kwargs):
         base = next(a for a in args if type(a) is NeuronTensor)
     storage = base._storage
     COUNTERS.view_ops += 1
+    if base.dtype is not storage.dtype or type(base._ref) is _Tensor:
+        return _host_view(entry, storage, args, kwargs)  # a view of a reinterpreting view
     single, container, outputs = _view_outputs(entry, base, args, kwargs)
     if any(dtype is not base.dtype for _, _, _, dtype in outputs):
         return _host_view(entry, storage, args, kwargs)

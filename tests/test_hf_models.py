@@ -9,10 +9,8 @@ forward with loss, backward, one AdamW step and greedy generate on ``neuron`` in
 eager, and must match the CPU: loss, logits, every gradient and the AdamW step within
 the sweep's fp32 tolerances, and the same generated tokens.
 
-A failure whose error matches a *known, reported* device bug exactly (KNOWN_DEVICE_BUGS)
-is an expected failure; any other failure fails the test, and once the device is fixed
-the test simply passes. Skipped when ``transformers`` is not installed (``pip install
--e ".[hf]"``).
+Any failure fails the test. Skipped when ``transformers`` is not installed (``pip install
+-e ".[hf]"``; CI installs it).
 """
 from __future__ import annotations
 
@@ -28,13 +26,6 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 from bench import hf_models  # noqa: E402
-
-# (signature in the recorded error, stage, explanation). Remove an entry when its bug is fixed.
-KNOWN_DEVICE_BUGS = [
-    ('"histogram_cpu" not implemented for', "forward",
-     "device bug: integer torch.histc (supported on CUDA) runs the CPU kernel, which has no int version; "
-     "transformers' grouped_mm MoE path uses int histc on every non-CPU device"),
-]
 
 SUBSET = ["llama", "gpt2", "bert", "mixtral", "jetmoe"]
 
@@ -56,21 +47,10 @@ def offline():
             os.environ[key] = value
 
 
-def _known_bug(record: dict):
-    for signature, stage, reason in KNOWN_DEVICE_BUGS:
-        if record.get("stage") == stage and signature in record.get("error", ""):
-            return reason
-    return None
-
-
 @pytest.mark.parametrize("model_type", SUBSET)
 def test_architecture_matches_cpu(model_type, adaptive_mode):
     record = hf_models.run_architecture(model_type, strict=False)
     assert record["status"] != "not_buildable", f"the tiny model no longer builds: {record.get('error')}"
-    if record["status"] == "fail":
-        reason = _known_bug(record)
-        if reason:
-            pytest.xfail(f"{reason} ({record['error'][:120]})")
     assert record["status"] == "ok", f"{record.get('stage')}: {record.get('error')}"
     assert record["generate"]["equal"], record["generate"]
     assert record["launches"]["adaptive"] > 0

@@ -53,3 +53,24 @@ def test_sparse_tensors_are_refused_clearly():
         x.to_sparse().to("neuron")
     with pytest.raises(NotImplementedError, match="not supported on the neuron device"):
         x.to_sparse_csr().to("neuron")
+
+
+def test_integer_histc_counts_like_cuda():
+    # The CPU kernel refuses integer input; CUDA (and so every MoE router in transformers)
+    # counts it, returning the input's dtype.
+    experts = torch.tensor([[0, 2], [2, 3], [3, 3]])
+    result = torch.histc(experts.to("neuron"), bins=4, min=0, max=3)
+    assert result.dtype == torch.int64
+    assert_same(result, torch.histc(experts.double(), bins=4, min=0, max=3).long())
+    floats = torch.randn(50)
+    assert_same(torch.histc(floats.to("neuron"), bins=7), torch.histc(floats, bins=7))
+
+
+def test_views_of_a_reinterpreting_view():
+    # rotary embeddings: view_as_real / view_as_complex, then reshaped (llama4, deepseek_v2)
+    z = torch.randn(2, 3, 4, dtype=torch.complex64)
+    for op in (lambda t: torch.view_as_real(t).flatten(2), lambda t: torch.view_as_real(t)[..., 1].transpose(0, 1),
+               lambda t: torch.view_as_complex(torch.view_as_real(t).contiguous()).reshape(6, 4)):
+        assert_same(op(z.to("neuron")), op(z))
+    x = torch.randn(4, 6)
+    assert_same(x.to("neuron").view(torch.int32).view(3, 8), x.view(torch.int32).view(3, 8))
