@@ -25,12 +25,14 @@ from __future__ import annotations
 import logging
 from weakref import ref
 
+import torch
+
 from .device.config import CONFIG, env_flag, env_float
 from .device.cost_model import PROFILE
 from .device.queue import QUEUE
 from .fusion.caches import CountingLRU
-from .fusion.categories import BARRIER, category
-from .fusion.kernels import FAILED_SIGNATURES, FusedKernel, KernelCache
+from .fusion.categories import BARRIER, CATEGORY_BY_OP, category
+from .fusion.kernels import FAILED_SIGNATURES, KernelCache, WindowLaunches
 from .fusion.planner import plan_window
 from .statistics import FUSION
 
@@ -57,7 +59,7 @@ class AdaptiveSink:
     def __init__(self, policy: WindowPolicy | None = None) -> None:
         self.policy = policy or WindowPolicy()
         self.records: list = []
-        self.outputs: list = []  # per record: weak references to its output tensors
+        self.outputs: list = []  # per record: a weak reference to its output, or a list of them
         self.plan_cache = CountingLRU(maxsize=1024)  # plans by window structure
         self.kernel_cache = KernelCache()
         self.unfusable: set = set()
@@ -66,25 +68,31 @@ class AdaptiveSink:
 
     # -- recording ---------------------------------------------------------------------
     def record(self, record, outputs=()) -> None:
-        if category(record.op) is BARRIER:
+        op = record.op
+        if (CATEGORY_BY_OP.get(op) or category(op)) is BARRIER:
             self.flush(f"barrier: {record.name}")
             self._launch_single(record)
             return
         # The policy flushes *before* appending: the op being recorded has not yet handed
         # its outputs to the caller, so it must not be judged dead in a flush now.
-        count = len(self.records)
-        if count >= self.policy.max_ops:
+        records = self.records
+        count = len(records)
+        policy = self.policy
+        if count >= policy.max_ops:
             self.flush("window_full")
-        elif count >= self.policy.min_ops and QUEUE.backlog_us() <= self.policy.shallow_us:
-            self.flush("queue_shallow")
+            records = self.records
+        elif count >= policy.min_ops and QUEUE.device_free_us - QUEUE.host_us <= policy.shallow_us:
+            self.flush("queue_shallow")  # the device is starved (QUEUE.backlog_us(), inlined)
+            records = self.records
         for storage in record.results:
             if storage is not None:
                 storage.views = []  # track views of it until the flush
-        self.records.append(record)
+        records.append(record)
         # Weak references: holding the outputs would change PyTorch's behaviour (autograd
         # steals a gradient buffer only when nothing else references it).
-        if len(outputs) == 1:
-            self.outputs.append((ref(outputs[0]),) if outputs[0] is not None else (None,))
+        # One output (the common case): its reference alone, no container to allocate.
+        if len(outputs) == 1 and outputs[0] is not None:
+            self.outputs.append(ref(outputs[0]))
         else:
             self.outputs.append([None if tensor is None else ref(tensor) for tensor in outputs])
         if CONFIG.launch_blocking:
@@ -101,10 +109,10 @@ class AdaptiveSink:
         FUSION.flushes[reason] += 1
         if FAILED_SIGNATURES:
             self._mark_failed_unfusable()
-        escaping = self._escaping(records, outputs)
-        key = self._window_key(records, escaping)
+        key = self._structure(records, outputs, not self.policy.dead_intermediates)
         plan = self.plan_cache.lookup(key)
         if plan is None:
+            escaping = self._escaping_in(records, key)
             plan = plan_window(
                 records, lambda index, position: (index, position) in escaping, self.unfusable,
                 self.kernel_cache, self.policy.on_chip_bytes, self.policy.patterns, self.policy.horizontal,
@@ -114,40 +122,21 @@ class AdaptiveSink:
                 FUSION.refusals[reason_text] += count
         self._launch(plan, records)
 
-    def _escaping(self, records, outputs) -> set:
-        """(record, output position) of every output still needed after the flush: one
-        still referenced (by the user, autograd's saved tensors, a container), viewed by a
-        live view, or pinned."""
-        escaping = set()
-        keep_all = not self.policy.dead_intermediates
-        for index, record in enumerate(records):
-            tensors = outputs[index]
-            position = 0
-            for storage in record.results:
-                if storage is not None:
-                    live_view = storage.has_live_view()
-                    storage.views = None  # decided: stop tracking its views
-                    if keep_all or storage.pinned or live_view:
-                        escaping.add((index, position))
-                    else:
-                        weak = tensors[position] if position < len(tensors) else None
-                        if weak is None or weak() is not None:
-                            escaping.add((index, position))
-                position += 1
-        return escaping
-
     @staticmethod
-    def _window_key(records, escaping) -> tuple:
-        """The window's structure, flat: per op, its signature's number (negated), then
-        the local number of each storage it reads, writes and produces (data flow and
-        aliasing; numbers in order of first appearance), an escaping output's number
-        complemented. Separators keep the encoding unambiguous."""
+    def _structure(records, outputs, keep_all: bool) -> tuple:
+        """The window's plan-cache key: its structure, flat.
+
+        Per op: its signature's number (negated), then the local number of each storage
+        it reads, writes and produces (data flow and aliasing; numbers in order of first
+        appearance); "w" and "r" separate the three lists. An *escaping* output's number is
+        complemented (negative): one still needed after the flush because it is still
+        referenced (by the user, autograd's saved tensors, a container), viewed by a live
+        view, or pinned. Built in one pass at every flush: this is host time per op."""
         local: dict = {}
         parts = []
         append = parts.append
         get = local.get
-        index = 0
-        for record in records:
+        for index, record in enumerate(records):
             append(-record.key_id)
             for storage in record.reads:
                 number = get(storage)
@@ -163,28 +152,47 @@ class AdaptiveSink:
                         number = local[storage] = len(local)
                     append(number)
             append("r")
+            tensors = outputs[index]
+            single = tensors if type(tensors) is ref else None
             position = 0
             for storage in record.results:
                 if storage is None:
                     append(None)
                 else:
                     local[storage] = number = len(local)
-                    append(~number if (index, position) in escaping else number)
+                    if keep_all or storage.pinned or (storage.views and storage.has_live_view()):
+                        append(~number)
+                    else:
+                        if single is not None:
+                            weak = single
+                        else:
+                            weak = tensors[position] if position < len(tensors) else None
+                        append(~number if weak is None or weak() is not None else number)
+                    storage.views = None  # decided: stop tracking its views
                 position += 1
-            index += 1
         return tuple(parts)
 
+    @staticmethod
+    def _escaping_in(records, key) -> set:
+        """(record, output position) of the escaping outputs a ``_structure`` key marks."""
+        escaping = set()
+        at = 0
+        for index, record in enumerate(records):
+            at += 2 + len(record.reads) + (1 + len(record.writes) if record.writes else 0)  # id .. "r"
+            for position in range(len(record.results)):
+                number = key[at]
+                if number is not None and number < 0:
+                    escaping.add((index, position))
+                at += 1
+        return escaping
+
     def _launch(self, plan, records) -> None:
-        launch = QUEUE.launch
-        for members, spec in plan.launches:
-            if spec is None:
-                record = records[members]
-                cost = record.cost
-                launch(record, record.op, cost.bytes, cost.time_us, record.stream)
-            else:
-                group = [records[index] for index in members]
-                stream = group[0].stream
-                launch(FusedKernel(group, spec, stream), spec.name, spec.bytes, spec.time_us, stream, spec.ops)
+        stream = records[0].stream  # one window, one stream (a stream change flushes)
+        command_list = WindowLaunches(plan.launches, records, stream)
+        if QUEUE.trace is None and not torch.autograd.profiler._is_profiler_enabled:
+            QUEUE.launch_batch(command_list, plan.costs, stream)
+        else:  # the trace and the profiler see every kernel on its own
+            QUEUE.launch_batch(command_list.kernels(), plan.costs, stream)
         totals = plan.totals
         if totals[0]:
             FUSION.fused_kernels += totals[0]

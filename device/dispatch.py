@@ -26,7 +26,7 @@ from .metrics import COUNTERS
 from .op_table import _ENTRIES, COLLECTIVE, COPY, DATA_DEPENDENT, HOST_READ, KERNEL, METADATA, NO_OP, VIEW, op_entry
 from .queue import QUEUE
 from .random import GENERATOR
-from .shapes import NO_META, SHAPE_CACHE, MetaRejected, infer
+from .shapes import NO_META, SHAPE_CACHE, SHAPE_CACHE_SIZE, MetaRejected, infer
 from .storage import DeviceStorage, storage_nbytes
 from .streams import STATE as _STREAMS
 from .tensor import NeuronTensor, set_wrapper_metadata, wrap_fresh
@@ -179,6 +179,10 @@ def launch(entry, args, kwargs):
         if inference is not NO_META:
             inference.key = key
         SHAPE_CACHE[key] = inference
+        if len(SHAPE_CACHE) > SHAPE_CACHE_SIZE:
+            SHAPE_CACHE.popitem(last=False)  # the least recently used signature
+    else:
+        SHAPE_CACHE.move_to_end(key)
     if inference is NO_META:
         return run_on_host(entry, args, kwargs or {}, "fallback")
     if inference.resized:

@@ -69,6 +69,26 @@ class FaultInjector:
             raise RuntimeError(f"injected fault: {op_name} kernel #{count} failed (NEURON_SIM_FAULT)")
 
 
+class BatchCost:
+    """The costs of kernels launched together (``ExecutionQueue.launch_batch``), summed
+    once: ``each`` is ``(key, bytes, time_us, ops)`` per kernel in launch order."""
+
+    __slots__ = ("each", "nbytes", "time_us", "ops", "by_key")
+
+    def __init__(self, each) -> None:
+        self.each = tuple(each)
+        self.nbytes = sum(item[1] for item in self.each)
+        self.time_us = sum(item[2] for item in self.each)
+        self.ops = sum(item[3] for item in self.each)
+        by_key: dict = {}
+        for key, nbytes, time_us, _ in self.each:
+            totals = by_key.setdefault(key, [0, 0.0, 0])
+            totals[0] += 1
+            totals[1] += time_us
+            totals[2] += nbytes
+        self.by_key = tuple((key, *totals) for key, totals in by_key.items())
+
+
 class ExecutionQueue:
     def __init__(self) -> None:
         self._items: _queue.SimpleQueue = _queue.SimpleQueue()
@@ -135,6 +155,50 @@ class ExecutionQueue:
         if self.trace is not None:
             self.trace.kernel(kernel, key, start, time_us, stream, sequence)
         return sequence
+
+    def launch_batch(self, kernels, costs: "BatchCost", stream: int) -> None:
+        """Submit kernels issued together (one flush of an adaptive window; ``costs``
+        lists theirs in order) and account for them in bulk: the same counters and
+        timeline as ``launch`` per kernel, at a fraction of the host time. Issued at one
+        simulated instant, they run back to back from ``max(device free, host)``.
+
+        ``kernels`` is a list of queue items, one per kernel, or one item (a command
+        list) that runs them all; the trace needs the list, to give each its own slot."""
+        if self.trace is not None:
+            for kernel, (key, nbytes, time_us, ops) in zip(kernels, costs.each):
+                self.launch(kernel, key, nbytes, time_us, stream, ops)
+            return
+        counters = COUNTERS
+        count = len(costs.each)
+        counters.kernels_launched += count
+        counters.bytes_moved += costs.nbytes
+        counters.device_time_us += costs.time_us
+        self.clock_us += costs.time_us
+        device_free = self.device_free_us
+        begin = device_free if device_free > self.host_us else self.host_us
+        self.device_free_us = begin + costs.time_us
+        kernel_totals = self.kernel_totals
+        for key, launches, time_us, nbytes in costs.by_key:
+            totals = kernel_totals.get(key)
+            if totals is None:
+                kernel_totals[key] = [launches, time_us, nbytes]
+            else:
+                totals[0] += launches
+                totals[1] += time_us
+                totals[2] += nbytes
+        by_stream = counters.launches_by_stream
+        by_stream[stream] = by_stream.get(stream, 0) + count
+        if type(kernels) is list:
+            self.submitted += count
+            self._batch.extend(kernels)
+        else:
+            self.submitted += 1
+            self._batch.append(kernels)
+        self.last_on_stream[stream] = self.submitted
+        self._batch_bytes += costs.nbytes
+        self._batch_ops += costs.ops
+        if self._batch_ops >= self.batch_items or self._batch_bytes >= self.batch_bytes:
+            self.ring()
 
     def account(self, key, nbytes: int, time_us: float, stream: int) -> float:
         """Count one launch (``key``: its op or fused kernel name) and return its simulated

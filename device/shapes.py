@@ -15,16 +15,19 @@ kernel was wrong.
 """
 from __future__ import annotations
 
+import collections
 import itertools
 
-import cachetools
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from . import cost_model
 from .storage import storage_nbytes
 
-SHAPE_CACHE: cachetools.LRUCache = cachetools.LRUCache(maxsize=16384)
+# An OrderedDict used as an LRU by the dispatcher (``get``, ``move_to_end``, ``popitem``:
+# all C calls). A cachetools LRUCache costs three Python frames per hit, on every op.
+SHAPE_CACHE: collections.OrderedDict = collections.OrderedDict()
+SHAPE_CACHE_SIZE = 16384
 
 NO_META = "no-meta"  # cached: this signature has no meta kernel
 _KEY_IDS = itertools.count(1)

@@ -71,12 +71,12 @@ def _category_of(name: str, tags: frozenset) -> str:
     return BARRIER
 
 
-_BY_OP: dict = {}
+CATEGORY_BY_OP: dict = {}  # op -> category; hot paths may read it before calling category()
 
 
 def category(op) -> str:
     """The fusion category of an ``OpOverload`` (cached per overload)."""
-    kind = _BY_OP.get(op)
+    kind = CATEGORY_BY_OP.get(op)
     if kind is None:
-        kind = _BY_OP[op] = _category_of(op._schema.name, frozenset(op.tags))
+        kind = CATEGORY_BY_OP[op] = _category_of(op._schema.name, frozenset(op.tags))
     return kind

@@ -2,8 +2,9 @@
 
 Entry points: :func:`group_spec` (a planned group -> :class:`GroupSpec`),
 :class:`KernelSpec` (the cacheable, position-free description of a fused kernel),
-:class:`KernelCache` (cachetools LRU of specs by signature) and :class:`FusedKernel`
-(one launch on the execution queue).
+:class:`KernelCache` (an LRU of specs by signature), :class:`FusedKernel`
+(one launch on the execution queue) and :class:`WindowLaunches` (a flushed window's
+launches, handed to the queue as one command list).
 
 A fused kernel runs its ops back to back on the device worker, in program order, keeping
 its *dead intermediates* in an environment instead of device memory: an output produced
@@ -150,6 +151,31 @@ def group_spec(members, records, touched_by, escapes, kernel_cache=None, match=N
 
     spec = kernel_cache.get_or_build(signature, build) if kernel_cache is not None else build()
     return GroupSpec(members, spec)
+
+
+class WindowLaunches:
+    """A flushed window's launches, in plan order, as one queue item: the host hands the
+    device a command list (accounted kernel by kernel, ``ExecutionQueue.launch_batch``),
+    and the device worker builds the fused kernels and runs them in order. ``launches`` is
+    ``Plan.launches``: ``(position, None)`` for an op alone, ``(positions, KernelSpec)``."""
+
+    __slots__ = ("launches", "records", "stream")
+
+    def __init__(self, launches, records, stream: int) -> None:
+        self.launches = launches
+        self.records = records
+        self.stream = stream
+
+    def kernels(self) -> list:
+        records = self.records
+        return [
+            records[members] if spec is None else FusedKernel([records[index] for index in members], spec, self.stream)
+            for members, spec in self.launches
+        ]
+
+    def launch(self, queue) -> None:
+        for kernel in self.kernels():
+            kernel.launch(queue)
 
 
 class FusedKernel:

@@ -27,6 +27,8 @@ import logging
 
 import networkx as nx
 
+from adaptive_eager.device.queue import BatchCost
+
 from .categories import BARRIER, MATMUL, OPAQUE, REDUCTION, category
 from .graph import build_graph, would_create_cycle
 from .kernels import group_spec
@@ -169,18 +171,29 @@ class Plan:
     """The groups of a window in launch order; ``refusals`` counts the reasons given.
 
     ``launches`` is what a flush walks: ``(position, None)`` for an op launched alone,
-    ``(positions, KernelSpec)`` for a fused kernel; ``totals`` are the fused kernels'
-    (count, ops, bytes saved, dead intermediates), counted once per flush.
+    ``(positions, KernelSpec)`` for a fused kernel; ``costs`` are their launch costs,
+    summed once for the queue (``BatchCost``); ``totals`` are the fused kernels' (count,
+    ops, bytes saved, dead intermediates), counted once per flush. A plan is reused for
+    every window of the same structure, whose ops have the same signatures and so the
+    same costs.
     """
 
-    __slots__ = ("groups", "refusals", "launches", "totals")
+    __slots__ = ("groups", "refusals", "launches", "costs", "totals")
 
-    def __init__(self, groups: list, refusals: dict) -> None:
+    def __init__(self, groups: list, refusals: dict, records) -> None:
         self.groups = groups  # [GroupSpec] in launch order
         self.refusals = refusals
         self.launches = tuple(
             (group.members[0], None) if group.kernel is None else (group.members, group.kernel) for group in groups
         )
+        each = []
+        for members, spec in self.launches:
+            if spec is None:
+                record = records[members]
+                each.append((record.op, record.cost.bytes, record.cost.time_us, 1))
+            else:
+                each.append((spec.name, spec.bytes, spec.time_us, spec.ops))
+        self.costs = BatchCost(each)
         fused = [group.kernel for group in groups if group.kernel is not None]
         self.totals = (
             len(fused),
@@ -301,4 +314,4 @@ def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_c
                    groups[gid].repeats)
         for gid in order
     ]
-    return Plan(specs, refusals)
+    return Plan(specs, refusals, records)
