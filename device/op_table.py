@@ -81,16 +81,19 @@ class OpEntry:
         )
         self.seeded = torch.Tag.nondeterministic_seeded in tags
         # Whether float arguments can change output metadata (arange's end, interpolate's
-        # scale). Not for pointwise ops, foreach/fused optimizer ops, or ops that return
-        # only their mutated inputs: their cache key holds a float's type, not its value,
-        # so a learning-rate schedule does not defeat the caches.
+        # scale). Not for pointwise ops, foreach/fused optimizer ops, or in-place ops
+        # that return only their mutated inputs: their cache key holds a float's type,
+        # not its value, so a learning-rate schedule does not defeat the caches. ``out=``
+        # ops count: ATen resizes ``out`` to a shape the floats may decide
+        # (``torch.arange(-1.0, 0.5, 0.5)`` fills an empty tensor through arange.out).
         base_name = self.name.split("::")[-1]
         only_mutates = bool(self.return_alias) and all(alias is not None for alias in self.return_alias)
+        writes_out = any(argument.is_out for argument in schema.arguments)
         self.scalar_values_matter = not (
             torch.Tag.pointwise in tags
             or base_name.startswith(("_foreach_", "_fused_"))
-            or only_mutates
-            or (not schema.returns and self.mutated)
+            or (only_mutates and not writes_out)
+            or (not schema.returns and self.mutated and not writes_out)
         )
         self.serial = next(_SERIALS)  # stands for the op in cache keys (an int: no GC tracking)
         self.allocation = op in _ALLOCATIONS

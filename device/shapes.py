@@ -75,31 +75,61 @@ class Inference:
         self.resized = resized
 
 
-def _probe_on_cpu(op, meta_args, meta_kwargs):
+def _probe_on_cpu(op, meta_args, meta_kwargs, increasing=()):
     """Output metadata as the CPU kernel gives it: run the op once on zero-filled CPU
     tensors of the same shapes (only for ops whose output metadata does not depend on the
-    data, and zeros are valid inputs: indices, offsets and statistics alike)."""
+    data, and zeros are valid inputs: indices, offsets and statistics alike). Tensors at
+    the ``increasing`` argument positions hold 0, 1, 2... instead (bin edges)."""
 
-    def cpu(value):
+    def cpu(value, fill):
         if isinstance(value, torch.Tensor):
-            return torch.zeros_like(value, device="cpu")
+            return fill(value)
         if isinstance(value, (list, tuple)):
-            return type(value)(cpu(v) for v in value)
+            return type(value)(cpu(v, fill) for v in value)
         if isinstance(value, torch.device):
             return torch.device("cpu")
         return value
 
-    result = op(*cpu(meta_args), **{k: cpu(v) for k, v in meta_kwargs.items()})
+    def ascending(value):
+        return torch.arange(value.numel(), device="cpu").to(value.dtype).reshape(value.shape)
+
+    def zeros(value):
+        return torch.zeros_like(value, device="cpu")
+
+    args = [cpu(v, ascending if i in increasing else zeros) for i, v in enumerate(meta_args)]
+    result = op(*args, **{k: cpu(v, zeros) for k, v in meta_kwargs.items()})
     if isinstance(result, torch.Tensor):
         return result.to("meta")
     return type(result)(r.to("meta") if isinstance(r, torch.Tensor) else r for r in result)
+
+
+_REDUCED_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def _probe_reduced_precision(op, meta_args, meta_kwargs):
+    """A CPU probe for bfloat16/float16 inputs, the meta kernel otherwise: ops whose
+    meta kernel follows CUDA (float32 statistics) where the CPU returns statistics in the
+    input's dtype."""
+    first = meta_args[0] if meta_args else None
+    if isinstance(first, torch.Tensor) and first.dtype in _REDUCED_PRECISION:
+        return _probe_on_cpu(op, meta_args, meta_kwargs)
+    return op(*meta_args, **meta_kwargs)
 
 
 _aten = torch.ops.aten
 # Ops whose meta kernel disagrees with the CPU kernel on output metadata (found by the
 # OpInfo sweep, bench/op_coverage.py). Their shapes come from a CPU probe instead:
 # - batch norm in eval mode: the CPU returns empty save_mean/save_invstd;
-# - embedding_bag: offset2bag and max_indices depend on the mode differently.
+# - embedding_bag: offset2bag and max_indices depend on the mode differently;
+# - ops PyTorch has no meta kernel for, whose output metadata does not depend on the data
+#   (zeros are valid inputs): without one they would run on the CPU fallback, a sync
+#   point. The backward kernels of multi_margin_loss, multilabel_margin_loss,
+#   fractional_max_pool3d and ctc_loss (a training step would sync at each); histogram
+#   and histogramdd. (geqrf stays on the fallback: the tests' example of an op the
+#   device lacks.)
+# - layer norm and batch norm on bfloat16/float16: the CPU returns the mean and inverse
+#   standard deviation (and batch norm's new running statistics) in the input's dtype,
+#   the meta kernels in float32 as CUDA does.
 META_OVERRIDES = {
     op: _probe_on_cpu
     for op in (
@@ -109,8 +139,35 @@ META_OVERRIDES = {
         _aten._native_batch_norm_legit_no_training.default,
         _aten._embedding_bag.default,
         _aten._embedding_bag_forward_only.default,
+        _aten.multi_margin_loss_backward.default,
+        _aten.multilabel_margin_loss_backward.default,
+        _aten.fractional_max_pool3d_backward.default,
+        _aten._ctc_loss_backward.default,
+        _aten._ctc_loss_backward.Tensor,
+        _aten.histogram.bin_ct,
+        _aten._histogramdd_bin_edges.default,
+        _aten._histogramdd_from_bin_cts.default,
     )
 }
+
+
+def _probe_bin_edges(op, meta_args, meta_kwargs):
+    """histogram with its bin edges given (argument 1): a probe whose edges increase."""
+    return _probe_on_cpu(op, meta_args, meta_kwargs, increasing=(1,))
+
+
+META_OVERRIDES[_aten.histogram.bins_tensor] = _probe_bin_edges
+META_OVERRIDES[_aten._histogramdd_from_bin_tensors.default] = _probe_bin_edges
+META_OVERRIDES.update({
+    op: _probe_reduced_precision
+    for op in (
+        _aten.native_layer_norm.default,
+        _aten._batch_norm_with_update.default,
+        _aten._batch_norm_with_update_functional.default,
+        _aten._batch_norm_no_update.default,
+        _aten._native_batch_norm_legit_functional.default,
+    )
+})
 
 
 def _to_meta(value):

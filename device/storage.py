@@ -144,11 +144,13 @@ class DeviceStorage:
             ):
                 self.data = result
                 return
-        if result.shape != self.shape:
+        if result.shape != self.shape or result.dtype is not self.dtype:
+            # Copying would hide it (a silent dtype conversion, or a broadcast).
             raise RuntimeError(
-                f"the kernel produced a tensor of shape {tuple(result.shape)} where shape "
-                f"inference predicted {self.shape}; this is a bug in the device's shape "
-                "inference for this op (device/shapes.py, META_OVERRIDES)"
+                f"the kernel produced a tensor of shape {tuple(result.shape)} and dtype "
+                f"{result.dtype} where shape inference predicted {self.shape} and {self.dtype}; "
+                "this is a bug in the device's shape inference for this op "
+                "(device/shapes.py, META_OVERRIDES)"
             )
         self.materialize().copy_(result)
 

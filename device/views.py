@@ -110,6 +110,13 @@ def _host_view(entry, storage, args, kwargs):
     for view in views:
         tensor = wrap_view(storage, tuple(view.shape), tuple(view.stride()), view.storage_offset(), view.dtype)
         tensor._ref = view  # a CPU tensor over the storage's bytes
+        # The wrapper carries the view's conjugate/negative bits, as a CPU or CUDA tensor
+        # does: composite ops read them (``real`` of a conjugate, ``resolve_conj``), and
+        # ops without math-bit support get the bits resolved by ATen's fallback first.
+        if view.is_conj():
+            torch._C._set_conj(tensor, True)
+        if view.is_neg():
+            torch._C._set_neg(tensor, True)
         wrapped.append(tensor)
     return wrapped[0] if isinstance(result, _Tensor) else type(result)(wrapped)
 

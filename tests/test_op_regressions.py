@@ -74,3 +74,129 @@ def test_views_of_a_reinterpreting_view():
         assert_same(op(z.to("neuron")), op(z))
     x = torch.randn(4, 6)
     assert_same(x.to("neuron").view(torch.int32).view(3, 8), x.view(torch.int32).view(3, 8))
+
+
+# -- found by the OpInfo sweep in bfloat16 and backward (bench/op_coverage.py) -------------
+def _grads(fn, inputs, device):
+    """Gradients of ``fn`` on ``device`` with a fixed cotangent, as CPU tensors."""
+    torch.manual_seed(0)
+    leaves = [t.detach().to(device).requires_grad_(t.is_floating_point() or t.is_complex()) for t in inputs]
+    out = fn(*leaves)
+    cotangent = torch.randn(out.shape, dtype=out.dtype).to(device)
+    grads = torch.autograd.grad(out, [t for t in leaves if t.requires_grad], cotangent)
+    return out.detach(), [g for g in grads]
+
+
+def _assert_same_grads(fn, *inputs, **tolerances):
+    cpu_out, cpu_grads = _grads(fn, inputs, "cpu")
+    out, grads = _grads(fn, inputs, "neuron")
+    assert_same(out, cpu_out, **tolerances)
+    assert_same(grads, cpu_grads, **tolerances)
+
+
+def test_conjugate_views_carry_the_conjugate_bit():
+    # A neuron tensor viewed with conj() must say is_conj(), as a CPU or CUDA tensor does:
+    # real()/imag() and resolve_conj() read the bit. Without it, torch.fft.hfft's backward
+    # (real() of a conjugate) aborted the process in the autograd thread.
+    z = torch.randn(2, 3, dtype=torch.complex64)
+    c = z.to("neuron").conj()
+    assert c.is_conj() and z.conj().is_conj()
+    for op in (torch.real, torch.imag, lambda t: t.resolve_conj(), lambda t: torch.view_as_real(t.resolve_conj()),
+               lambda t: t + 1, lambda t: t.t().contiguous(), lambda t: t @ t.t(), lambda t: t.conj() * 2):
+        assert_same(op(c), op(z.conj()).resolve_conj())
+    n = torch._neg_view(z.to("neuron"))
+    assert n.is_neg()
+    assert_same(n.resolve_neg(), torch._neg_view(z).resolve_neg())
+    x = torch.randn(5, 6, 7)
+    _assert_same_grads(lambda t: torch.fft.hfft(t, n=10, dim=1, norm="ortho"), x)
+    _assert_same_grads(lambda t: torch.real(torch.fft.fft(t).conj()), torch.randn(8))
+
+
+def test_arange_with_float_bounds_of_new_values():
+    # torch.arange fills an empty tensor through arange.out: the float bounds decide the
+    # out tensor's size, so they are part of the shape-inference key (mvlgamma's backward
+    # builds arange(-p / 2 + 0.5, 0.5, 0.5) for each p).
+    for start in (0.0, -1.0, -2.0, -1.5):
+        assert_same(torch.arange(start, 0.5, 0.5, device="neuron"), torch.arange(start, 0.5, 0.5))
+    for steps_end in (1.0, 3.0, 2.5):
+        out = torch.empty(0, device="neuron")
+        assert_same(torch.arange(0.0, steps_end, 0.5, out=out), torch.arange(0.0, steps_end, 0.5))
+    x = torch.rand(4, 5) + 3
+    for p in (1, 3, 5):
+        _assert_same_grads(lambda t: torch.mvlgamma(t, p), x)
+
+
+def test_bfloat16_norm_statistics_have_the_cpu_dtype():
+    # The CPU returns layer norm's mean/rstd and batch norm's saved statistics in
+    # bfloat16 for bfloat16 input; the meta kernels say float32 (CUDA's choice).
+    a = torch.ops.aten
+    x = torch.randn(4, 3, 5, dtype=torch.bfloat16)
+    w, b = torch.randn(5, dtype=torch.bfloat16), torch.randn(5, dtype=torch.bfloat16)
+    cpu = a.native_layer_norm.default(x, [5], w, b, 1e-5)
+    dev = a.native_layer_norm.default(x.to("neuron"), [5], w.to("neuron"), b.to("neuron"), 1e-5)
+    assert_same(list(dev), list(cpu))
+    c = torch.randn(3, dtype=torch.bfloat16)
+    for op in (a._batch_norm_with_update.default, a._batch_norm_with_update_functional.default):
+        stats = (torch.zeros(3, dtype=torch.bfloat16), torch.ones(3, dtype=torch.bfloat16))
+        cpu = op(x, c, c, *[s.clone() for s in stats], 0.1, 1e-5)
+        dev = op(x.to("neuron"), c.to("neuron"), c.to("neuron"), *[s.to("neuron") for s in stats], 0.1, 1e-5)
+        assert [t.dtype for t in dev] == [t.dtype for t in cpu]
+        assert_same([t for t in dev if t.numel()], [t for t in cpu if t.numel()])
+    cpu = a._batch_norm_no_update.default(x, c, c, torch.zeros(3, dtype=torch.bfloat16), torch.ones(3, dtype=torch.bfloat16), 0.1, 1e-5)
+    dev = a._batch_norm_no_update.default(x.to("neuron"), c.to("neuron"), c.to("neuron"),
+                                          torch.zeros(3, dtype=torch.bfloat16).to("neuron"),
+                                          torch.ones(3, dtype=torch.bfloat16).to("neuron"), 0.1, 1e-5)
+    assert [t.dtype for t in dev] == [t.dtype for t in cpu]
+    ln = torch.nn.LayerNorm(5).to(torch.bfloat16)
+    _assert_same_grads(lambda t, w, b: torch.nn.functional.layer_norm(t, (5,), w, b), x, ln.weight, ln.bias)
+
+
+def test_a_kernel_result_of_another_dtype_is_an_error_not_a_conversion():
+    from adaptive_eager.device.storage import DeviceStorage
+
+    storage = DeviceStorage((3,), (1,), torch.float32, 12)
+    storage.materialize()
+    with pytest.raises(RuntimeError, match="shape inference predicted"):
+        storage.adopt(torch.zeros(3, dtype=torch.bfloat16))
+
+
+def test_backward_kernels_without_meta_kernels_stay_on_the_device():
+    # No meta kernel in PyTorch: once they ran on the CPU fallback, a sync point in every
+    # training step. Their output metadata comes from a CPU probe now.
+    import adaptive_eager
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 5)
+    adaptive_eager.reset_stats()
+    _assert_same_grads(lambda t: F.multi_margin_loss(t, torch.tensor([0, 4, 2, 1]).to(t.device)), x)
+    _assert_same_grads(lambda t: F.multilabel_margin_loss(t, torch.tensor([[0, 4, -1, 0, 0]] * 4).to(t.device)), x)
+    samples = torch.rand(1, 2, 3)
+    _assert_same_grads(lambda t: F.fractional_max_pool3d(t, 2, output_size=(2, 2, 2), _random_samples=samples.to(t.device)),
+                       torch.randn(1, 2, 4, 4, 4))
+    log_probs = torch.randn(6, 2, 4).log_softmax(-1)
+    targets = torch.tensor([[1, 2, 3], [3, 1, 1]])
+    _assert_same_grads(lambda t: F.ctc_loss(t, targets.to(t.device), [6, 5], [3, 2], reduction="none"), log_probs)
+    _assert_same_grads(lambda t: F.ctc_loss(t, targets.to(t.device), torch.tensor([6, 5]).to(t.device),
+                                            torch.tensor([3, 2]).to(t.device)), log_probs)
+    assert adaptive_eager.stats()["fallback_ops"] == {}
+
+
+def test_histograms_stay_on_the_device():
+    import adaptive_eager
+
+    adaptive_eager.reset_stats()
+    x, w = torch.randn(20), torch.rand(20)
+    assert_same(list(torch.histogram(x.to("neuron"), 5, weight=w.to("neuron"))), list(torch.histogram(x, 5, weight=w)))
+    edges = torch.tensor([-2.0, -0.5, 0.0, 1.0, 3.0])
+    assert_same(list(torch.histogram(x.to("neuron"), edges.to("neuron"))), list(torch.histogram(x, edges)))
+    pts = torch.randn(30, 2)
+    got, want = torch.histogramdd(pts.to("neuron"), bins=[3, 4]), torch.histogramdd(pts, bins=[3, 4])
+    assert_same(got.hist, want.hist)
+    assert_same(list(got.bin_edges), list(want.bin_edges))
+    bins = [torch.tensor([-3.0, 0.0, 3.0]), torch.tensor([-1.0, 0.0, 0.5, 2.0])]
+    got, want = torch.histogramdd(pts.to("neuron"), bins=[b.to("neuron") for b in bins]), torch.histogramdd(pts, bins=bins)
+    assert_same(got.hist, want.hist)
+    assert adaptive_eager.stats()["fallback_ops"] == {}
+    with pytest.raises(RuntimeError):  # the CPU's argument checks still apply at once
+        torch.histogram(x.to("neuron"), 5, weight=torch.rand(3).to("neuron"))
