@@ -116,7 +116,9 @@ def register() -> None:
     _STATE["libraries"].append(explicit)
     register_autocast()
     _patch_accelerator()
-    from .tensor import NeuronTensor  # noqa: F401  (imports the dispatcher)
+    from .tensor import NeuronTensor  # (imports the dispatcher)
+
+    _enable_multi_tensor_paths(NeuronTensor)
     from .queue import QUEUE
 
     atexit.register(QUEUE.drain)
@@ -125,6 +127,23 @@ def register() -> None:
     start_from_environment()
     freeze_import_time_objects()
     _STATE["registered"] = True
+
+
+def _enable_multi_tensor_paths(tensor_type) -> None:
+    """Let torch.optim and clip_grad_norm_ take their multi-tensor (foreach) paths on
+    ``neuron``, as they do on CUDA and on any C++ PrivateUse1 backend.
+
+    PyTorch chooses foreach by default for a device in
+    ``_get_foreach_kernels_supported_devices()`` (which lists PrivateUse1) when every
+    parameter's type is in ``_foreach_supported_types``. A device written in Python has
+    its tensors in a subclass, so without this the type check alone sends every optimizer
+    step down the per-parameter loop. PyTorch registers DTensor in the same two lists."""
+    from torch.optim import optimizer as _optimizer
+    from torch.utils import _foreach_utils
+
+    for supported in (_optimizer._foreach_supported_types, _foreach_utils._foreach_supported_types):
+        if tensor_type not in supported:
+            supported.append(tensor_type)
 
 
 def freeze_import_time_objects() -> None:
