@@ -10,6 +10,8 @@ A collective is a sync point: the adaptive window is flushed and the queue drain
 so the collective reads what every earlier kernel wrote. It then completes before the
 call returns (its work is waited for), so later kernels, queued in order, read its result;
 an ``async_op=True`` handle's ``wait()`` then returns at once, with the result visible.
+Point-to-point ops (``send``, ``recv``) are the exception: their work is the caller's to
+wait for, once (see ``_POINT_TO_POINT``).
 Each collective is counted (``stats()["collectives"]``) and costed on the simulated queue:
 launch overhead plus its ring traffic over the link (``DeviceProfile``).
 """
@@ -26,6 +28,11 @@ from .streams import STATE as _STREAMS
 from .tensor import NeuronTensor
 
 _ALL_TO_ALL = ("allreduce", "reduce_scatter", "all_reduce")
+# Point-to-point ops return their work unwaited: gloo's send/recv work completes once, so
+# a second wait (the caller's, after ours) would block until the timeout. The caller
+# waits before touching the buffer, which is the contract of send/recv on any device
+# (dist.send/recv wait at once; isend/irecv users call wait()).
+_POINT_TO_POINT = ("c10d::send", "c10d::recv_", "c10d::recv_any_source_")
 
 
 def _device_tensors(values):
@@ -50,11 +57,12 @@ def run_collective(entry, args, kwargs):
     _sync.synchronize(f"collective: {entry.name}")
     host_args, host_kwargs = host_call_args(entry, args, kwargs, check_poison=True)
     result = entry.op(*host_args, **host_kwargs)
-    outputs = result if isinstance(result, (tuple, list)) else (result,)
-    for value in outputs:
-        if isinstance(value, torch._C.ScriptObject) and hasattr(value, "wait"):
-            value.wait()  # done before any later kernel can read the result
     name = entry.name
+    if name not in _POINT_TO_POINT:
+        outputs = result if isinstance(result, (tuple, list)) else (result,)
+        for value in outputs:
+            if isinstance(value, torch._C.ScriptObject) and hasattr(value, "wait"):
+                value.wait()  # done before any later kernel can read the result
     COUNTERS.collectives[name] += 1
     tensors = list(_device_tensors(list(args) + list(kwargs.values())))
     nbytes = sum(t.numel() * t.element_size() for t in tensors)

@@ -1,7 +1,6 @@
-"""torch.distributed on neuron tensors: collectives through gloo on the CPU bytes, DDP with
-two processes on 127.0.0.1 (mp.spawn and torchrun), failure handling, and what FSDP2
-does today. Every run is bounded in time. Point-to-point send/recv is not covered: on
-neuron tensors the pair times out (README, "Distributed")."""
+"""torch.distributed on neuron tensors: collectives and point-to-point send/recv through
+gloo on the CPU bytes, DDP with two processes on 127.0.0.1 (mp.spawn and torchrun),
+failure handling, and what FSDP2 does today. Every run is bounded in time."""
 import json
 import os
 import socket
@@ -62,6 +61,23 @@ def _collectives(rank, world, port, adaptive, out_dir):
     work.wait()
     results["async_all_reduce"] = y.cpu().tolist()
     dist.barrier()
+    # point-to-point: blocking, async, and from any source, with queued work on both sides
+    peer = 1 - rank
+    if rank == 0:
+        dist.send(torch.arange(4.0, device="neuron") * 3, dst=peer)
+        got = torch.zeros(2, device="neuron")
+        request = dist.irecv(got, src=peer)
+        request.wait()
+        results["irecv"] = (got + 1).cpu().tolist()
+        anywhere = torch.zeros(3, device="neuron")
+        results["recv_source"] = dist.recv(anywhere)
+        results["recv_any"] = anywhere.cpu().tolist()
+    else:
+        got = torch.zeros(4, device="neuron") - 1
+        dist.recv(got, src=peer)
+        results["recv"] = (got * 2).cpu().tolist()
+        dist.isend(torch.full((2,), 5.0, device="neuron"), dst=peer).wait()
+        dist.send(torch.arange(3.0, device="neuron") + 7, dst=peer)
     results["mesh"] = str(init_device_mesh("neuron", (world,)))
     stats = adaptive_eager.stats()
     results["collectives"] = stats["collectives"]
@@ -86,6 +102,10 @@ def test_collectives_on_neuron_tensors(adaptive, tmp_path):
         assert r["collectives"]["c10d::allreduce_"] == 2
     assert r0["reduce_scatter_tensor"] == [1.0, 3.0]  # (0,1)+(1,2)
     assert r1["reduce_scatter_tensor"] == [5.0, 7.0]
+    assert r1["recv"] == [0.0, 6.0, 12.0, 18.0]
+    assert r0["irecv"] == [6.0, 6.0]
+    assert r0["recv_source"] == 1 and r0["recv_any"] == [7.0, 8.0, 9.0]
+    assert r0["collectives"]["c10d::send"] == 1 and r1["collectives"]["c10d::send"] == 2
 
 
 def _ddp(rank, world, port, adaptive, out_dir):
