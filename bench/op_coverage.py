@@ -1031,7 +1031,7 @@ def main(argv=None) -> int:
     parser.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True,
                         help="compare gradients of ops that support autograd (default on)")
     parser.add_argument("--backward-dtypes", default="float32", help="dtypes of the backward check (float32)")
-    parser.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="samples per op and configuration")
+    parser.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help=f"samples per op and configuration (default {DEFAULT_SAMPLES})")
     parser.add_argument("--time-budget", type=float, default=OP_TIME_BUDGET_S,
                         help="seconds per op after which its remaining samples are not run")
     parser.add_argument("--json", default=DEFAULT_JSON, help="where to write the results")
