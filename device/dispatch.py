@@ -278,3 +278,40 @@ def _allocate(entry, args, kwargs):
 from .collectives import run_collective  # noqa: E402
 from .host_ops import run_copy, run_on_host  # noqa: E402  (they launch kernels too)
 from .views import run_metadata, run_view  # noqa: E402
+
+
+def defer_in_backward(func, args, kwargs, error: BaseException):
+    """An op that raised on the host while the autograd engine runs backward: record the
+    error as a deferred device failure and return poisoned outputs, so the error reaches
+    the user at the next sync point, like a kernel failure.
+
+    Raising here is not an option: PyTorch's Python device guard calls back into Python
+    while C++ unwinds the autograd engine's device thread with the Python error still
+    set, and the process aborts ("terminate called without an active exception"). An
+    out-of-memory error during backward is the common case. Returns None, and the caller
+    raises ``error`` after all, when the outputs' metadata cannot be inferred.
+    """
+    from .errors import KernelFailure, describe_call
+
+    entry = _ENTRIES.get(func) or op_entry(func)
+    kwargs = kwargs or {}
+    try:
+        inference = infer(entry, args, kwargs, _is_device)
+    except Exception:  # noqa: BLE001 - no metadata: nothing sensible to return
+        return None
+    if inference is NO_META:
+        return None
+    failure = getattr(error, "failure", None)  # a deferred failure a sync point re-raised
+    if failure is None:
+        failure = KernelFailure(entry.name, describe_call(entry.name, args, kwargs), capture_location(),
+                                None, error, QUEUE.submitted)
+    outputs = []
+    for spec in inference.outputs:
+        if spec is None:
+            outputs.append(None)
+            continue
+        storage = DeviceStorage.poisoned(spec.shape, spec.stride, spec.dtype, failure)
+        outputs.append(wrap_fresh(spec.shape, spec.stride, spec.dtype, storage, spec.signature))
+    written = list(_mutated_storages(entry, args, kwargs)) if entry.mutated else []
+    QUEUE.fail(failure, written)
+    return _build_return(entry, inference.structure, outputs, args, kwargs)

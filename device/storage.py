@@ -52,13 +52,17 @@ def storage_nbytes(shape, stride, itemsize: int) -> int:
     return span * itemsize
 
 
+def _size(nbytes: int) -> str:
+    """``1.50 GiB``, or ``4.00 MiB`` below a GiB (as CUDA's messages)."""
+    return f"{nbytes / (1 << 30):.2f} GiB" if nbytes >= 1 << 30 else f"{nbytes / (1 << 20):.2f} MiB"
+
+
 def _out_of_memory(nbytes: int) -> torch.OutOfMemoryError:
     capacity = CONFIG.hbm_bytes
-    gib = 1 << 30
     return torch.OutOfMemoryError(
-        f"neuron: out of device memory. Tried to allocate {nbytes / gib:.2f} GiB; the device "
-        f"holds {capacity / gib:.2f} GiB, of which {MEMORY.allocated / gib:.2f} GiB are "
-        f"allocated in {MEMORY.live_blocks} blocks (peak {MEMORY.peak / gib:.2f} GiB). "
+        f"neuron: out of device memory. Tried to allocate {_size(nbytes)}; the device "
+        f"holds {_size(capacity)}, of which {_size(MEMORY.allocated)} are "
+        f"allocated in {MEMORY.live_blocks} blocks (peak {_size(MEMORY.peak)}). "
         "Nothing already on the device was lost. Set NEURON_SIM_HBM_GB to simulate a larger "
         "device, or free tensors you no longer need."
     )
@@ -92,6 +96,20 @@ class DeviceStorage:
         self.poison = None  # KernelFailure that left this storage without valid data
         self.pinned = False  # aliased in ways views cannot describe (set_): always keep its data
         self.views = None  # while in an adaptive window: weak references to views (add_view)
+
+    @classmethod
+    def poisoned(cls, shape, stride, dtype, failure) -> "DeviceStorage":
+        """A storage that holds no memory and no valid data: the output of an op that
+        failed on the host where it could not raise (inside backward; see
+        ``dispatch.defer_in_backward``). Reading it raises ``failure``."""
+        storage = cls.__new__(cls)
+        storage.nbytes = None  # nothing booked, nothing to free
+        storage.shape, storage.stride, storage.dtype = shape, stride, dtype
+        storage.data = None
+        storage.poison = failure
+        storage.pinned = False
+        storage.views = None
+        return storage
 
     def __del__(self) -> None:
         if self.nbytes is None:

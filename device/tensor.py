@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 
 import torch
+from torch._C import _current_graph_task_id
 from torch._tensor_str import PRINT_OPTS, _add_suffixes, _tensor_str
 
 from .storage import DeviceStorage, ViewRef, storage_nbytes
@@ -39,7 +40,15 @@ class NeuronTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return _dispatch(func, args, kwargs)
+        try:
+            return _dispatch(func, args, kwargs)
+        except Exception as error:
+            if _current_graph_task_id() == -1:  # not inside backward: raise as usual
+                raise
+            result = _defer_in_backward(func, args, kwargs, error)
+            if result is None:
+                raise
+            return result
 
     # -- host-side representations (each a sync point) ------------------------------
     def __repr__(self, *, tensor_contents=None) -> str:
@@ -185,4 +194,5 @@ def cpu_view(tensor: NeuronTensor) -> torch.Tensor:
     return ref  # a CPU tensor over the storage's bytes (dtype views)
 
 
-from .dispatch import dispatch as _dispatch  # noqa: E402  (dispatch needs NeuronTensor)
+from .dispatch import defer_in_backward as _defer_in_backward  # noqa: E402  (dispatch needs NeuronTensor)
+from .dispatch import dispatch as _dispatch  # noqa: E402

@@ -49,6 +49,34 @@ def test_out_of_memory_raises_at_allocation_and_loses_nothing(any_mode):
     assert torch.neuron.memory_stats()["num_ooms"] >= 2
 
 
+OOM_IN_BACKWARD = """
+import torch, adaptive_eager
+x = torch.randn(1024, 1024, device="neuron", requires_grad=True)  # 4 MiB each
+y = x.sin().sin().sin()
+y.sum().backward()  # the gradient chain does not fit
+try:
+    x.grad.sum().item()
+except adaptive_eager.NeuronRuntimeError as error:
+    print("deferred:", type(error.failure.original).__name__, error.op_name, error.failure.location)
+del y
+x.grad = None
+(x * 2).sum().backward()
+print("recovered:", x.grad[0, 0].item(), x.grad.shape == x.shape)
+"""
+
+
+@pytest.mark.parametrize("adaptive", ["0", "1"], ids=["strict", "adaptive"])
+def test_out_of_memory_inside_backward_is_deferred_not_fatal(adaptive):
+    # Raising inside the autograd engine's device thread aborts the process (PyTorch's
+    # Python device guard): the error is deferred to the next sync point instead.
+    env = {**__import__("os").environ, "NEURON_SIM_HBM_GB": "0.02", "NEURON_ADAPTIVE_EAGER": adaptive}
+    done = subprocess.run([sys.executable, "-c", OOM_IN_BACKWARD], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("deferred: OutOfMemoryError aten::") and "<autograd backward:" in lines[0], lines
+    assert lines[1] == "recovered: 2.0 True"
+
+
 def test_capacity_from_the_environment():
     code = "import torch; print(torch.neuron.mem_get_info()[1])"
     env = {**__import__("os").environ, "NEURON_SIM_HBM_GB": "0.5"}
