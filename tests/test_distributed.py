@@ -161,7 +161,9 @@ TORCHRUN_SCRIPT = textwrap.dedent(
     x = torch.arange(8.0).view(2, 4)[rank : rank + 1].to("neuron")
     model(x).sum().backward()
     optimizer.step()
-    print("rank", rank, "weight", [round(v, 6) for v in model.module.weight.detach().cpu().flatten().tolist()])
+    weight = [round(v, 6) for v in model.module.weight.detach().cpu().flatten().tolist()]
+    with open(os.path.join(os.environ["OUT_DIR"], f"rank{rank}.txt"), "w") as handle:
+        handle.write(str(weight))  # one file per rank: the ranks' stdout lines can interleave
     dist.destroy_process_group()
     """
 )
@@ -172,17 +174,17 @@ def test_ddp_under_torchrun(tmp_path):
     script.write_text(TORCHRUN_SCRIPT)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script)]
-    env = dict(os.environ, NEURON_ADAPTIVE_EAGER="1", OMP_NUM_THREADS="1")
+    env = dict(os.environ, NEURON_ADAPTIVE_EAGER="1", OMP_NUM_THREADS="1", OUT_DIR=str(tmp_path))
     done = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
-    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank"))
-    assert len(lines) == 2 and lines[0].split("weight")[1] == lines[1].split("weight")[1]  # replicas agree
+    weights = [(tmp_path / f"rank{rank}.txt").read_text() for rank in range(2)]
+    assert weights[0] == weights[1]  # replicas agree
     torch.manual_seed(0)
     reference = torch.nn.Linear(4, 2)
     (reference(torch.arange(8.0).view(2, 4)).sum() / 2).backward()  # DDP averages gradients
     with torch.no_grad():
         reference.weight -= 0.5 * reference.weight.grad
-    assert lines[0].split("weight ")[1] == str([round(v, 6) for v in reference.weight.flatten().tolist()])
+    assert weights[0] == str([round(v, 6) for v in reference.weight.flatten().tolist()])
 
 
 def _failing(rank, world, port, out_dir):
