@@ -130,6 +130,9 @@ _aten = torch.ops.aten
 # - layer norm and batch norm on bfloat16/float16: the CPU returns the mean and inverse
 #   standard deviation (and batch norm's new running statistics) in the input's dtype,
 #   the meta kernels in float32 as CUDA does.
+# - _grouped_mm (mixture-of-experts layers in transformers): its meta kernel accepts
+#   only bfloat16, as CUDA's kernel; the CPU kernel takes float32 too (the Hugging Face
+#   sweep, bench/hf_models.py: 56 MoE architectures fell back on it).
 META_OVERRIDES = {
     op: _probe_on_cpu
     for op in (
@@ -147,6 +150,7 @@ META_OVERRIDES = {
         _aten.histogram.bin_ct,
         _aten._histogramdd_bin_edges.default,
         _aten._histogramdd_from_bin_cts.default,
+        _aten._grouped_mm.default,
     )
 }
 

@@ -200,3 +200,15 @@ def test_histograms_stay_on_the_device():
     assert adaptive_eager.stats()["fallback_ops"] == {}
     with pytest.raises(RuntimeError):  # the CPU's argument checks still apply at once
         torch.histogram(x.to("neuron"), 5, weight=torch.rand(3).to("neuron"))
+
+
+def test_grouped_mm_in_float32_runs_on_the_device():
+    # transformers' MoE experts: the meta kernel takes only bfloat16 (CUDA's), the CPU float32
+    import adaptive_eager
+
+    a, b = torch.randn(6, 8), torch.randn(3, 8, 16)
+    offs = torch.tensor([2, 4, 6], dtype=torch.int32)
+    adaptive_eager.reset_stats()
+    result = torch._grouped_mm(a.to("neuron"), b.to("neuron"), offs=offs.to("neuron"))
+    assert_same(result, torch._grouped_mm(a, b, offs=offs))
+    assert adaptive_eager.stats()["fallback_ops"] == {}
