@@ -37,13 +37,10 @@ Each architecture runs in its own subprocess with a time limit, so a crash or a 
 costs one entry, not the sweep. The JSON records the commit and any uncommitted files of
 ``device/``, ``fusion/`` and ``adaptive_eager/`` at the time of the run.
 
-``--workaround tie,histc`` is for diagnosis only: it works around known device failures
-inside the harness to see what fails beneath them, and writes no default JSON.
-
 Usage::
 
     python -m bench.hf_models [--only llama,gpt2] [--limit N] [--jobs 2] [--timeout 300]
-                              [--json PATH] [--workaround tie,histc]
+                              [--json PATH]
 
 Prints the table, the % that work out of the box, the failures grouped by error, and
 writes ``bench/results/hf_models.json`` (``--only``/``--limit`` runs write nowhere
@@ -476,47 +473,6 @@ def build(model_type: str):
     return model, config, make_case(model_type, config)
 
 
-# -- diagnostic workarounds (off by default; never part of the headline figure) ----------
-# Each works around one known device failure *in the harness*, to see what fails beneath
-# it. ``--workaround tie,histc``.
-WORKAROUNDS: set[str] = set()
-
-
-def _retie(model, aliases: dict) -> None:
-    """Make the parameters that were one object on the CPU one object again."""
-    params = dict(model.named_parameters(remove_duplicate=False))
-    for name, canonical in aliases.items():
-        owner_name, _, attr = name.rpartition(".")
-        owner = model.get_submodule(owner_name) if owner_name else model
-        owner._parameters[attr] = params[canonical]
-
-
-def _aliases(model) -> dict:
-    """name -> the first name of the same Parameter object (tied weights)."""
-    first, aliases = {}, {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        if id(param) in first:
-            aliases[name] = first[id(param)]
-        else:
-            first[id(param)] = name
-    return aliases
-
-
-def _patch_histc() -> None:
-    """Integer histc on a non-CPU tensor, computed in float32 (what CUDA supports natively)."""
-    import torch
-
-    original = torch.histc
-
-    def histc(input, bins=100, min=0, max=0, *, out=None):
-        if out is None and input.device.type == "neuron" and not input.is_floating_point():
-            return original(input.float(), bins=bins, min=min, max=max).to(input.dtype)
-        return original(input, bins=bins, min=min, max=max, out=out) if out is not None else original(
-            input, bins=bins, min=min, max=max)
-
-    torch.histc = histc
-
-
 # -- one run of the pipeline -------------------------------------------------------------
 class StageError(Exception):
     def __init__(self, stage: str, error: BaseException):
@@ -560,10 +516,7 @@ def run_pipeline(model, case: Case, device, progress=lambda stage: None, fwd_bwd
     try:
         enter("to_device")
         torch.manual_seed(SEED)
-        aliases = _aliases(model) if "tie" in WORKAROUNDS and on_neuron else {}
         model = model.to(device)
-        if aliases:
-            _retie(model, aliases)
         forward = move(case.forward)
         prompt = move(case.generate)
         mask = _accepts(model, "attention_mask")
@@ -821,13 +774,10 @@ def run_architecture(model_type: str, progress=lambda stage: None, strict: bool 
     return record
 
 
-def _worker_main(model_type: str, progress_path: str, workarounds: str = "") -> None:
+def _worker_main(model_type: str, progress_path: str) -> None:
     import torch
 
     torch.set_num_threads(1)
-    WORKAROUNDS.update(w for w in workarounds.split(",") if w)
-    if "histc" in WORKAROUNDS:
-        _patch_histc()
 
     def progress(stage):
         with open(progress_path, "a") as handle:
@@ -859,13 +809,12 @@ def _architectures() -> list[str]:
     return list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
-def run_in_subprocess(model_type: str, timeout: float, workarounds: str = "") -> dict:
+def run_in_subprocess(model_type: str, timeout: float) -> dict:
     with tempfile.NamedTemporaryFile("w+", suffix=".progress", delete=False) as handle:
         progress_path = handle.name
     env = dict(os.environ, NEURON_ADAPTIVE_EAGER="1", OMP_NUM_THREADS="1")
     env.pop("NEURON_FUSION_STATS", None)
-    command = [sys.executable, "-m", "bench.hf_models", "--worker", model_type, "--progress", progress_path,
-               "--workaround", workarounds]
+    command = [sys.executable, "-m", "bench.hf_models", "--worker", model_type, "--progress", progress_path]
     started = time.perf_counter()
     try:
         done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
@@ -992,10 +941,6 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="architectures run at once (default 2)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per architecture")
     parser.add_argument("--json", help=f"write results here (default for a full sweep: {DEFAULT_JSON})")
-    parser.add_argument("--workaround", default="",
-                        help="diagnostics only: work around known device failures in the harness to see what "
-                             "fails beneath them (tie: re-tie weights after .to('neuron'); histc: integer histc "
-                             "via float32). Never used for the recorded figures.")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--progress", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -1005,7 +950,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     if args.worker:
-        _worker_main(args.worker, args.progress or os.devnull, args.workaround)
+        _worker_main(args.worker, args.progress or os.devnull)
         return 0
 
     import torch
@@ -1025,7 +970,7 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     records: dict = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = {pool.submit(run_in_subprocess, name, args.timeout, args.workaround): name for name in names}
+        futures = {pool.submit(run_in_subprocess, name, args.timeout): name for name in names}
         for future in concurrent.futures.as_completed(futures):
             name = futures[future]
             record = future.result()
@@ -1038,7 +983,7 @@ def main(argv=None) -> int:
     print()
     print("\n".join(report(records, summary)))
 
-    path = args.json or (None if partial or args.workaround else DEFAULT_JSON)
+    path = args.json or (None if partial else DEFAULT_JSON)
     if path:
         result = {
             "command": "python -m bench.hf_models " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -1046,7 +991,6 @@ def main(argv=None) -> int:
             "torch": torch.__version__,
             "jobs": args.jobs,
             "timeout_s": args.timeout,
-            "workarounds": sorted(w for w in args.workaround.split(",") if w),
             "source": _source_state(),
             "tiny": {"hidden": HIDDEN, "layers": LAYERS, "heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
                      "ffn": FFN, "experts": EXPERTS, "top_k": TOP_K, "vocab": VOCAB, "batch": BATCH, "seq": SEQ,
