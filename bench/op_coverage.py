@@ -236,36 +236,27 @@ class _Mover:
         return base.as_strided(t.shape, t.stride(), t.storage_offset())
 
     def __call__(self, value):
-        if isinstance(value, torch.Tensor):
-            return self.tensor(value)
-        if isinstance(value, list):
-            return [self(v) for v in value]
-        if isinstance(value, tuple):
-            items = [self(v) for v in value]
-            return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
-        if isinstance(value, dict):
-            return {k: self(v) for k, v in value.items()}
-        return value
+        return map_tensors(value, self.tensor)
 
 
-def to_neuron(value):
-    """``value`` with every tensor moved to ``neuron`` (recursively through lists,
-    tuples and dicts; non-tensors left alone)."""
-    return _Mover()(value)
+def map_tensors(value, fn):
+    """``value`` with ``fn`` applied to every tensor, recursively through lists, tuples
+    (named tuples keep their type) and dicts; non-tensors left alone."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, list):
+        return [map_tensors(v, fn) for v in value]
+    if isinstance(value, tuple):
+        items = [map_tensors(v, fn) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    if isinstance(value, dict):
+        return {k: map_tensors(v, fn) for k, v in value.items()}
+    return value
 
 
 def to_cpu(value):
     """``value`` with every tensor copied to the CPU (recursively), for comparison."""
-    if isinstance(value, torch.Tensor):
-        return value.to(CPU)
-    if isinstance(value, list):
-        return [to_cpu(v) for v in value]
-    if isinstance(value, tuple):
-        items = [to_cpu(v) for v in value]
-        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
-    if isinstance(value, dict):
-        return {k: to_cpu(v) for k, v in value.items()}
-    return value
+    return map_tensors(value, lambda tensor: tensor.to(CPU))
 
 
 def _is_cpu_device(value) -> bool:

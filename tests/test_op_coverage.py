@@ -80,38 +80,32 @@ def opinfos():
     return {op_coverage.op_key(opinfo): opinfo for opinfo in op_coverage.load_op_db()}
 
 
-@pytest.mark.parametrize("key", COMMON_OPS)
-def test_common_op_matches_cpu(key, opinfos):
-    assert key in opinfos, f"{key} is not in op_db any more: update COMMON_OPS"
-    record = op_coverage.run_opinfo(opinfos[key], max_samples=SAMPLES)
+def _assert_passes(record: dict, label: str) -> None:
+    """``pass`` or ``pass_fallback`` (correct, some op on the CPU fallback), on compared samples."""
     assert record["outcome"] in ("pass", "pass_fallback"), (
-        f"{key}: {record['outcome']}: {record['reason']}; "
+        f"{label}: {record['outcome']}: {record['reason']}; "
         f"sample #{record.get('failing_sample_index')}: {record.get('failing_sample')}"
     )
     assert record["samples_compared"] > 0
+
+
+@pytest.mark.parametrize("key", COMMON_OPS)
+def test_common_op_matches_cpu(key, opinfos):
+    assert key in opinfos, f"{key} is not in op_db any more: update COMMON_OPS"
+    _assert_passes(op_coverage.run_opinfo(opinfos[key], max_samples=SAMPLES), key)
 
 
 @pytest.mark.parametrize("key", BACKWARD_OPS)
 def test_common_op_gradients_match_cpu(key, opinfos):
     assert key in opinfos, f"{key} is not in op_db any more: update BACKWARD_OPS"
     assert opinfos[key].supports_autograd, key
-    record = op_coverage.run_opinfo(opinfos[key], max_samples=SAMPLES, backward=True)
-    assert record["outcome"] in ("pass", "pass_fallback"), (
-        f"{key} backward: {record['outcome']}: {record['reason']}; "
-        f"sample #{record.get('failing_sample_index')}: {record.get('failing_sample')}"
-    )
-    assert record["samples_compared"] > 0
+    _assert_passes(op_coverage.run_opinfo(opinfos[key], max_samples=SAMPLES, backward=True), f"{key} backward")
 
 
 @pytest.mark.parametrize("key", BF16_OPS)
 def test_common_op_matches_cpu_in_bfloat16(key, opinfos):
     assert key in opinfos, f"{key} is not in op_db any more: update BF16_OPS"
-    record = op_coverage.run_opinfo(opinfos[key], max_samples=SAMPLES, dtype=torch.bfloat16)
-    assert record["outcome"] in ("pass", "pass_fallback"), (
-        f"{key} bfloat16: {record['outcome']}: {record['reason']}; "
-        f"sample #{record.get('failing_sample_index')}: {record.get('failing_sample')}"
-    )
-    assert record["samples_compared"] > 0
+    _assert_passes(op_coverage.run_opinfo(opinfos[key], max_samples=SAMPLES, dtype=torch.bfloat16), f"{key} bfloat16")
 
 
 def _with_op(opinfo, op):
