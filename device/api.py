@@ -12,7 +12,7 @@ import torch
 from . import random as _random
 from .config import CONFIG
 from .cost_model import PROFILE
-from .storage import MEMORY
+from .storage import MEMORY, release_freed_memory
 from .streams import Event, Stream, current_stream, default_stream, set_stream, stream  # noqa: F401
 from .sync import synchronize as _synchronize
 
@@ -174,6 +174,7 @@ def reset_max_memory_allocated(device=None) -> None:
 def empty_cache() -> None:
     """Return cached, unused blocks: reserved memory falls to what is allocated."""
     MEMORY.reserved = MEMORY.allocated
+    release_freed_memory()
 
 
 def mem_get_info(device=None) -> tuple[int, int]:

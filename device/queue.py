@@ -29,6 +29,7 @@ import torch
 from .config import env_float
 from .errors import FailureState, KernelFailure, NeuronRuntimeError
 from .metrics import COUNTERS
+from .storage import keep_freed_memory
 
 
 class Fence:
@@ -294,6 +295,7 @@ class ExecutionQueue:
     def _start(self) -> None:
         with self._start_lock:
             if self._worker is None:
+                keep_freed_memory()  # the device's memory pool
                 worker = threading.Thread(target=self._run, name="neuron-device-worker", daemon=True)
                 worker.start()
                 self._worker = worker
