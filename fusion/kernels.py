@@ -19,6 +19,7 @@ it unfusable.
 """
 from __future__ import annotations
 
+import logging
 import threading
 
 import torch
@@ -26,8 +27,11 @@ import torch
 from adaptive_eager.device.cost_model import PROFILE
 from adaptive_eager.device.kernel import flatten_results, resolve
 
+from . import compiled as compiled_kernels
 from .caches import CountingLRU
 from .patterns import checks_pass
+
+LOG = logging.getLogger("adaptive_eager.fusion")
 
 # signatures of fused kernels that failed; the runtime drains it (worker -> host)
 FAILED_SIGNATURES: list = []
@@ -42,12 +46,20 @@ def short_name(record) -> str:
 class KernelSpec:
     """A fused kernel, independent of where its ops sit in a window."""
 
-    __slots__ = ("signature", "name", "dead", "bytes", "time_us", "bytes_saved", "ops", "pattern")
+    __slots__ = ("signature", "name", "dead", "last_uses", "bytes", "time_us", "bytes_saved", "ops", "pattern",
+                 "launches", "compiled")
 
-    def __init__(self, signature, name, dead, nbytes, time_us, bytes_saved, ops, pattern=None) -> None:
+    def __init__(self, signature, name, dead, nbytes, time_us, bytes_saved, ops, pattern=None, last_uses=()) -> None:
         self.signature = signature
         self.name = name  # "mul|add|relu"
         self.dead = dead  # frozenset of (member offset, result position) kept in registers
+        # per member offset: the dead values (producer offset, result position) it reads
+        # last, released from the kernel's registers once it has run
+        self.last_uses = last_uses
+        # the built kernel (fusion.compiled), made on the worker once the kernel is hot:
+        # None until then, False when it cannot be built
+        self.launches = 0
+        self.compiled = None
         self.bytes = nbytes
         self.time_us = time_us
         self.bytes_saved = bytes_saved
@@ -119,6 +131,14 @@ def _build_spec(members, records, dead, signature, pattern=None, repeats=1) -> K
         for storage, nbytes in zip(record.writes, cost.write_bytes):
             if storage not in dead_storages:
                 written[storage] = max(written.get(storage, 0), nbytes)
+    last_read: dict = {}
+    for offset, index in enumerate(members):
+        for storage in records[index].reads:
+            if storage in dead_storages:
+                last_read[produced[storage]] = offset
+    last_uses = [[] for _ in members]
+    for value, offset in last_read.items():
+        last_uses[offset].append(value)
     nbytes = sum(external_reads.values()) + sum(written.values())
     memory_us = nbytes / PROFILE.hbm_bandwidth_bytes_per_s * 1e6
     time_us = PROFILE.launch_overhead_us + max(memory_us, compute_us)
@@ -128,7 +148,8 @@ def _build_spec(members, records, dead, signature, pattern=None, repeats=1) -> K
     if pattern is not None:
         name = f"{pattern.name}({name})"
     return KernelSpec(
-        signature, name, frozenset(dead), nbytes, time_us, max(unfused_bytes - nbytes, 0), len(members), pattern
+        signature, name, frozenset(dead), nbytes, time_us, max(unfused_bytes - nbytes, 0), len(members), pattern,
+        tuple(tuple(values) for values in last_uses),
     )
 
 
@@ -174,8 +195,21 @@ class WindowLaunches:
         ]
 
     def launch(self, queue) -> None:
-        for kernel in self.kernels():
+        # Release each kernel's records once it has run, as strict eager drops each op:
+        # a buffer no later kernel reads is freed now, and its memory is reused by the
+        # next allocation instead of the window's footprint growing to its sum.
+        records = self.records
+        stream = self.stream
+        for members, spec in self.launches:
+            if spec is None:
+                kernel = records[members]
+                records[members] = None
+            else:
+                kernel = FusedKernel([records[index] for index in members], spec, stream)
+                for index in members:
+                    records[index] = None
             kernel.launch(queue)
+            kernel = None
 
 
 class FusedKernel:
@@ -193,14 +227,33 @@ class FusedKernel:
         return self.spec.name
 
     def launch(self, queue) -> None:
-        pattern = self.spec.pattern
-        if pattern is not None and not queue.poison_seen and self._run_pattern(pattern, queue):
+        spec = self.spec
+        if queue.poison_seen or queue.faults is not None:  # per-op rules: poison, injected faults
+            self._run_ops(queue)
             return
+        if spec.pattern is not None:
+            if not self._run_pattern(spec.pattern):
+                self._run_ops(queue)
+            return
+        compiled = spec.compiled
+        if compiled is None and compiled_kernels.ENABLED:
+            spec.launches += 1
+            if spec.launches >= compiled_kernels.HOT_AFTER:
+                self._build_and_run(queue)
+                return
+        elif compiled and self._run_compiled(compiled):
+            return
+        self._run_ops(queue)
+
+    def _run_ops(self, queue) -> bool:
+        """Run the ops one by one (dead intermediates in ``env``); True if one failed."""
         env: dict = {}
         dead = self.spec.dead
+        last_uses = self.spec.last_uses
+        records = self.records
         faults = queue.faults
         failed = False
-        for offset, record in enumerate(self.records):
+        for offset, record in enumerate(records):
             if queue.poison_seen and self._skip_poisoned(record, queue):
                 continue
             try:
@@ -225,17 +278,51 @@ class FusedKernel:
             except Exception as error:  # replay the rest op by op, strict eager's rules
                 failed = True
                 queue.fail(record.failure(error, self.spec.name, queue.completed + 1, env), record.written())
+            for producer, position in last_uses[offset]:  # free registers no later op reads
+                env.pop(records[producer].results[position], None)
         if failed:
             with _failed_lock:
                 FAILED_SIGNATURES.append(self.spec.signature)
+        return failed
 
-    def _run_pattern(self, pattern, queue) -> bool:
+    def _run_compiled(self, compiled) -> bool:
+        """The built kernel: one call. False (run op by op instead, which names the op
+        that fails) when it raises; it writes nothing in place, so replaying is safe."""
+        records = self.records
+        try:
+            values = compiled.run(records)
+            for (offset, position), value in zip(compiled.outputs, values):
+                records[offset].results[position].adopt(value)
+        except Exception:  # noqa: BLE001
+            return False
+        return True
+
+    def _build_and_run(self, queue) -> None:
+        """Build the hot kernel, run it beside the op-by-op run of this same launch, and
+        keep it only if its outputs are bit-identical (``fusion.compiled``)."""
+        spec = self.spec
+        compiled = compiled_kernels.build(self.records, spec)
+        values = None
+        if compiled is not None:
+            try:
+                values = compiled.run(self.records)  # no side effects: nothing in place
+            except Exception as error:  # noqa: BLE001
+                LOG.debug("built kernel %s raised (%s): it stays op by op", spec.name, error)
+        failed = self._run_ops(queue)
+        if values is not None and not failed and compiled_kernels.same_outputs(values, self.records, compiled.outputs):
+            spec.compiled = compiled
+        else:
+            if values is not None and not failed:
+                LOG.debug("built kernel %s differs from its ops: it stays op by op", spec.name)
+            spec.compiled = False
+
+    def _run_pattern(self, pattern) -> bool:
         """The library kernel. False (run the ops one by one instead) when a constant the
         match depends on differs in this launch, or when the library kernel raises: the
         op-by-op replay then reports the exact op that fails."""
         records = self.records
-        if queue.faults is not None or (pattern.checks and not checks_pass(pattern, records)):
-            return False  # injected faults are counted per op: replay them op by op
+        if pattern.checks and not checks_pass(pattern, records):
+            return False
         try:
             inputs = [resolve(records[offset].args[index]) for offset, index in pattern.inputs]
             result = pattern.impl(*inputs, **pattern.constants)
