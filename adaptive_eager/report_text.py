@@ -290,6 +290,8 @@ def format_stats(data: dict, top: int = 10) -> str:
     for key, label in (("kernel_cache", "kernel cache"), ("plan_cache", "plan cache")):
         c = s["caches"][key]
         lines.append(f"  {label:<13}hit rate {_pct(c['hit_rate']):>6}  ({c['hits']} hits, {c['misses']} misses, {c.get('evictions', 0)} evictions, size {c.get('size', 0)})")
+        if "built" in c:
+            lines.append(f"  {'':<13}built kernels {c['built']}, op by op {c['op_by_op']}")
     return "\n".join(lines)
 
 

@@ -49,7 +49,8 @@ class CompiledKernel:
     """A fused kernel's ops as one compiled function.
 
     ``sources`` says where each of the function's inputs comes from in a launch's records
-    (``(member offset, keyword or None, argument index, list index or None)``), and
+    (``(member offset, keyword or None, argument index, list index or None)``, plus
+    ``"offset"`` for a view's storage offset), and
     ``outputs`` which results its returned tensors are (``(member offset, position)``)."""
 
     __slots__ = ("function", "sources", "outputs", "source")
@@ -63,11 +64,15 @@ class CompiledKernel:
     def run(self, records) -> tuple:
         arguments = []
         append = arguments.append
-        for offset, keyword, index, item in self.sources:
-            record = records[offset]
-            value = record.args[index] if keyword is None else record.kwargs[keyword]
-            if item is not None:
-                value = value[item]
+        for source in self.sources:
+            record = records[source[0]]
+            keyword = source[1]
+            value = record.args[source[2]] if keyword is None else record.kwargs[keyword]
+            if source[3] is not None:
+                value = value[source[3]]
+            if len(source) == 5:  # the offset of a view of a value made inside the kernel
+                append(value.offset)
+                continue
             kind = type(value)
             if kind is DeviceStorage:
                 data = value.data
@@ -128,8 +133,10 @@ class _Writer:
                 return self._input("Tensor", source)
             # A view of a value produced here: the op-by-op run keeps such values in their
             # storage's layout, and the same inputs give the same layout here (the check
-            # of the first run would catch a difference).
-            return f"torch.ops.aten.as_strided({base}, {list(value.shape)}, {list(value.stride)}, {value.offset})"
+            # of the first run would catch a difference). Shape and strides are part of
+            # the op's signature; the offset is not (x[i] for any i): an input.
+            offset = self._input("int", source + ("offset",))
+            return f"torch.ops.aten.as_strided({base}, {list(value.shape)}, {list(value.stride)}, {offset})"
         if kind is bool or kind is int:
             return repr(value)
         if kind is float:

@@ -92,6 +92,16 @@ class KernelCache(CountingLRU):
     def invalidate(self, signature) -> None:
         self.pop(signature, None)
 
+    def stats(self) -> dict:
+        """The LRU's counters, plus how many cached kernels are built (``fusion.compiled``)
+        and how many stay op by op."""
+        specs = list(self._data.values())
+        return dict(
+            super().stats(),
+            built=sum(1 for spec in specs if spec.compiled),
+            op_by_op=sum(1 for spec in specs if spec.compiled is False),
+        )
+
 
 def _signature(members, records, touched_by, dead) -> tuple:
     position = {index: offset for offset, index in enumerate(members)}
@@ -228,8 +238,8 @@ class FusedKernel:
 
     def launch(self, queue) -> None:
         spec = self.spec
-        if queue.poison_seen or queue.faults is not None:  # per-op rules: poison, injected faults
-            self._run_ops(queue)
+        if queue.faults is not None or (queue.poison_seen and self._reads_poison()):
+            self._run_ops(queue)  # strict eager's per-op rules: injected faults, poisoned inputs
             return
         if spec.pattern is not None:
             if not self._run_pattern(spec.pattern):
@@ -340,6 +350,9 @@ class FusedKernel:
         if value.stride() != storage.stride or value.storage_offset() != 0:
             value = torch.empty_strided(storage.shape, storage.stride, dtype=storage.dtype).copy_(value)
         env[storage] = value
+
+    def _reads_poison(self) -> bool:
+        return any(storage.poison is not None for record in self.records for storage in record.reads)
 
     @staticmethod
     def _skip_poisoned(record, queue) -> bool:
