@@ -104,16 +104,31 @@ class KernelCache(CountingLRU):
 
 
 def _signature(members, records, touched_by, dead) -> tuple:
-    position = {index: offset for offset, index in enumerate(members)}
+    """What identifies a fused kernel: its ops' signatures, how data flows between them,
+    which of their outputs are dead, and which outside storages are the same one (numbered
+    by first appearance, complemented), since a built kernel's in-place rules depend on it."""
     producers = {}
+    outside: dict = {}
     for offset, index in enumerate(members):
         for storage in records[index].results:
             if storage is not None:
                 producers[storage] = offset
+
+    def number(storage):
+        produced = producers.get(storage)
+        if produced is not None:
+            return produced
+        found = outside.get(storage)
+        if found is None:
+            found = outside[storage] = ~len(outside)
+        return found
+
     flow = tuple(
-        tuple(producers.get(storage, -1) for storage in records[index].reads) for index in members
+        (tuple(number(storage) for storage in records[index].reads),
+         tuple(number(storage) for storage in records[index].writes))
+        for index in members
     )
-    return (tuple(records[index].key for index in members), flow, tuple(sorted(dead)), len(position))
+    return (tuple(records[index].key for index in members), flow, tuple(sorted(dead)), len(members))
 
 
 def _build_spec(members, records, dead, signature, pattern=None, repeats=1) -> KernelSpec:
