@@ -9,7 +9,9 @@ the next ops, taking it back waits: on a training step that wait is as large as 
 the worker's own Python work. When a kernel launches a second time (it is hot: the loop
 came round again), it is *built*: its ops are written out as one TorchScript function,
 compiled once, and kept on its ``KernelSpec`` in the kernel cache. One call then runs all
-its ops without coming back to Python; dead intermediates stay local to the function.
+its ops without coming back to Python; dead intermediates stay local to the function. A
+matched chain inside it (``fusion/patterns.py``) is one call of its library kernel,
+whose implementation TorchScript compiles too.
 
 A build is trusted only after its first run gives bit-identical outputs to the op-by-op
 run of the same launch; otherwise the kernel stays op by op, and the reason goes to the
@@ -28,7 +30,10 @@ run of the same launch; otherwise the kernel stays op by op, and the reason goes
 """
 from __future__ import annotations
 
+import inspect
 import logging
+import textwrap
+import typing
 
 import torch
 
@@ -115,6 +120,7 @@ class _Writer:
         self.parameters: list = []
         self.sources: list = []
         self.lines: list = []
+        self.libraries: dict = {}  # name in the source -> scripted library kernel
 
     def _input(self, annotation: str, source) -> str:
         name = f"a{len(self.parameters)}"
@@ -159,6 +165,30 @@ class _Writer:
             return "[" + ", ".join(items) + "]"
         raise NotBuildable(f"an argument of type {kind.__name__}")
 
+    def resolve(self, name: str):
+        """Names the kernel's source uses: ``torch``, and its library kernels."""
+        return torch if name == "torch" else self.libraries.get(name)
+
+    def library(self, pattern) -> None:
+        """A matched chain: one call of its library kernel (scripted), at its last op."""
+        function = _scripted(pattern.impl)
+        name = f"library_{pattern.root}"
+        self.libraries[name] = function
+        call = [self.expression(self.records[offset].args[index], (offset, None, index, None))
+                for offset, index in pattern.inputs]
+        for keyword, value in pattern.constants.items():
+            if type(value) is float:
+                call.append(f"{keyword}={value!r}")  # checked at every launch (patterns.checks_pass)
+            else:
+                call.append(f"{keyword}={self.expression(value, None)}")
+        self.lines.append(f"l{pattern.root} = {name}({', '.join(call)})")
+        for at, (offset, position) in enumerate(pattern.outputs):
+            variable = f"v{offset}_{position}"
+            self.lines.append(f"{variable} = l{pattern.root}[{at}]")
+            self.names[self.records[offset].results[position]] = variable
+        for offset in pattern.members:
+            self.touched.update(self.records[offset].reads)
+
     def op(self, offset: int, record) -> None:
         for storage in record.writes:
             if storage in self.names or storage in self.overwritten:
@@ -193,12 +223,32 @@ class _Writer:
                 self.names[storage] = variables[position]
 
 
+_SCRIPTED: dict = {}
+
+
+def _scripted(function):
+    """A library kernel's implementation, compiled by TorchScript once (from its source,
+    as a kernel is: ``torch.jit.script`` would warn that it is deprecated)."""
+    scripted = _SCRIPTED.get(function)
+    if scripted is None:
+        names = {"torch": torch, "List": typing.List, "Optional": typing.Optional}
+        unit = torch.jit.CompilationUnit()
+        unit.define(textwrap.dedent(inspect.getsource(function)), rcb=names.get)
+        scripted = _SCRIPTED[function] = getattr(unit, function.__name__)
+    return scripted
+
+
 def build(records, spec) -> CompiledKernel | None:
     """Compile a fused kernel's ops (see the module docstring); None when it cannot be."""
     writer = _Writer(records, spec.dead)
+    at_root = {pattern.root: pattern for pattern in spec.patterns}
+    skipped = {offset for pattern in spec.patterns for offset in pattern.members[:-1]}
     try:
         for offset, record in enumerate(records):
-            writer.op(offset, record)
+            if offset in at_root:
+                writer.library(at_root[offset])
+            elif offset not in skipped:
+                writer.op(offset, record)
     except NotBuildable as reason:
         LOG.debug("kernel %s stays op by op: %s", spec.name, reason)
         return None
@@ -219,7 +269,9 @@ def build(records, spec) -> CompiledKernel | None:
     # setting is per thread: the device worker, which builds and runs every kernel.
     torch._C._set_graph_executor_optimize(False)
     try:
-        function = torch.jit.CompilationUnit(source).kernel
+        unit = torch.jit.CompilationUnit()
+        unit.define(source, rcb=writer.resolve)
+        function = unit.kernel
     except Exception as error:  # noqa: BLE001 - TorchScript refuses: stay op by op
         LOG.debug("kernel %s stays op by op: TorchScript: %s", spec.name, str(error).strip().splitlines()[0])
         return None

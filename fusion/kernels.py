@@ -46,10 +46,10 @@ def short_name(record) -> str:
 class KernelSpec:
     """A fused kernel, independent of where its ops sit in a window."""
 
-    __slots__ = ("signature", "name", "dead", "last_uses", "bytes", "time_us", "bytes_saved", "ops", "pattern",
+    __slots__ = ("signature", "name", "dead", "last_uses", "bytes", "time_us", "bytes_saved", "ops", "patterns",
                  "launches", "compiled")
 
-    def __init__(self, signature, name, dead, nbytes, time_us, bytes_saved, ops, pattern=None, last_uses=()) -> None:
+    def __init__(self, signature, name, dead, nbytes, time_us, bytes_saved, ops, patterns=(), last_uses=()) -> None:
         self.signature = signature
         self.name = name  # "mul|add|relu"
         self.dead = dead  # frozenset of (member offset, result position) kept in registers
@@ -64,7 +64,8 @@ class KernelSpec:
         self.time_us = time_us
         self.bytes_saved = bytes_saved
         self.ops = ops
-        self.pattern = pattern  # a patterns.PatternSpec: run as one library kernel
+        # patterns.PatternSpec: chains inside the kernel that run as one library kernel each
+        self.patterns = patterns
 
 
 class GroupSpec:
@@ -131,7 +132,7 @@ def _signature(members, records, touched_by, dead) -> tuple:
     return (tuple(records[index].key for index in members), flow, tuple(sorted(dead)), len(members))
 
 
-def _build_spec(members, records, dead, signature, pattern=None, repeats=1) -> KernelSpec:
+def _build_spec(members, records, dead, signature, patterns=(), repeats=1) -> KernelSpec:
     produced = {}
     for offset, index in enumerate(members):
         for position, storage in enumerate(records[index].results):
@@ -156,31 +157,47 @@ def _build_spec(members, records, dead, signature, pattern=None, repeats=1) -> K
         for storage, nbytes in zip(record.writes, cost.write_bytes):
             if storage not in dead_storages:
                 written[storage] = max(written.get(storage, 0), nbytes)
+    # a library kernel reads its chain's inputs where it runs: at the chain's last op
+    runs_at = {offset: pattern.root for pattern in patterns for offset in pattern.members}
     last_read: dict = {}
     for offset, index in enumerate(members):
         for storage in records[index].reads:
             if storage in dead_storages:
-                last_read[produced[storage]] = offset
+                value = produced[storage]
+                last_read[value] = max(last_read.get(value, 0), runs_at.get(offset, offset))
     last_uses = [[] for _ in members]
     for value, offset in last_read.items():
         last_uses[offset].append(value)
     nbytes = sum(external_reads.values()) + sum(written.values())
     memory_us = nbytes / PROFILE.hbm_bandwidth_bytes_per_s * 1e6
     time_us = PROFILE.launch_overhead_us + max(memory_us, compute_us)
-    name = "|".join(short_name(records[index]) for index in members[: len(members) // repeats])
+    name = _kernel_name(members[: len(members) // repeats], records, patterns)
     if repeats > 1:
         name = f"{name} x{repeats}"
-    if pattern is not None:
-        name = f"{pattern.name}({name})"
     return KernelSpec(
-        signature, name, frozenset(dead), nbytes, time_us, max(unfused_bytes - nbytes, 0), len(members), pattern,
+        signature, name, frozenset(dead), nbytes, time_us, max(unfused_bytes - nbytes, 0), len(members), patterns,
         tuple(tuple(values) for values in last_uses),
     )
 
 
-def group_spec(members, records, touched_by, escapes, kernel_cache=None, match=None, repeats=1) -> GroupSpec:
+def _kernel_name(members, records, patterns) -> str:
+    """``mul|add|relu``; a library kernel's chain shows as ``rms_norm(pow|mean|...)``,
+    where the chain starts."""
+    chain_of = {pattern.members[0]: pattern for pattern in patterns}
+    inside = {offset for pattern in patterns for offset in pattern.members}
+    parts = []
+    for offset, index in enumerate(members):
+        pattern = chain_of.get(offset)
+        if pattern is not None:
+            parts.append(f"{pattern.name}({'|'.join(short_name(records[members[o]]) for o in pattern.members)})")
+        elif offset not in inside:
+            parts.append(short_name(records[index]))
+    return "|".join(parts)
+
+
+def group_spec(members, records, touched_by, escapes, kernel_cache=None, matches=(), repeats=1) -> GroupSpec:
     members = tuple(members)
-    if len(members) == 1 and match is None:
+    if len(members) == 1 and not matches:
         return GroupSpec(members, None)
     inside = set(members)
     dead = set()
@@ -190,10 +207,14 @@ def group_spec(members, records, touched_by, escapes, kernel_cache=None, match=N
                 continue
             if touched_by.get(storage, set()) <= inside:
                 dead.add((offset, position))
-    signature = _signature(members, records, touched_by, dead) + ((match.name,) if match is not None else ())
+    where = {index: offset for offset, index in enumerate(members)}
+    signature = _signature(members, records, touched_by, dead) + tuple(
+        (match.name, tuple(where[p] for p in match.members)) for match in sorted(matches, key=lambda m: m.members)
+    )
 
     def build():
-        return _build_spec(members, records, dead, signature, match.spec() if match is not None else None, repeats)
+        patterns = tuple(match.spec(members) for match in sorted(matches, key=lambda m: m.members))
+        return _build_spec(members, records, dead, signature, patterns, repeats)
 
     spec = kernel_cache.get_or_build(signature, build) if kernel_cache is not None else build()
     return GroupSpec(members, spec)
@@ -254,11 +275,7 @@ class FusedKernel:
     def launch(self, queue) -> None:
         spec = self.spec
         if queue.faults is not None or (queue.poison_seen and self._reads_poison()):
-            self._run_ops(queue)  # strict eager's per-op rules: injected faults, poisoned inputs
-            return
-        if spec.pattern is not None:
-            if not self._run_pattern(spec.pattern):
-                self._run_ops(queue)
+            self._run_ops(queue, library=False)  # strict eager's per-op rules: faults, poison
             return
         compiled = spec.compiled
         if compiled is None and compiled_kernels.ENABLED:
@@ -270,50 +287,94 @@ class FusedKernel:
             return
         self._run_ops(queue)
 
-    def _run_ops(self, queue) -> bool:
-        """Run the ops one by one (dead intermediates in ``env``); True if one failed."""
+    def _run_ops(self, queue, library: bool = True) -> bool:
+        """Run the ops in program order, dead intermediates in ``env``; each matched chain
+        as its library kernel at its last op (``library``), unless a constant it depends
+        on differs in this launch. True if an op failed."""
         env: dict = {}
-        dead = self.spec.dead
-        last_uses = self.spec.last_uses
+        spec = self.spec
+        last_uses = spec.last_uses
         records = self.records
-        faults = queue.faults
+        at_root: dict = {}
+        skipped: set = set()
+        if library:
+            for pattern in spec.patterns:
+                if not pattern.checks or checks_pass(pattern, records):
+                    at_root[pattern.root] = pattern
+                    skipped.update(pattern.members[:-1])
         failed = False
         for offset, record in enumerate(records):
-            if queue.poison_seen and self._skip_poisoned(record, queue):
-                continue
-            try:
-                if faults is not None:
-                    faults.check(record.name)
-                result = record.run(env)
-                if isinstance(result, torch.Tensor):
-                    storage = record.results[0]
-                    if storage is not None:
-                        if (offset, 0) in dead:
-                            self._keep_dead(storage, result, env)
-                        else:
-                            storage.adopt(result)
-                else:
-                    for position, value in enumerate(flatten_results(result)):
-                        storage = record.results[position] if position < len(record.results) else None
-                        if storage is not None and value is not None:
-                            if (offset, position) in dead:
-                                self._keep_dead(storage, value, env)
-                            else:
-                                storage.adopt(value)
-            except Exception as error:  # replay the rest op by op, strict eager's rules
-                failed = True
-                queue.fail(record.failure(error, self.spec.name, queue.completed + 1, env), record.written())
+            if offset in skipped:
+                pass
+            elif offset in at_root:
+                pattern = at_root[offset]
+                if not self._run_library(pattern, env):
+                    # the library kernel raised: its ops, one by one, name the failing one
+                    for member in pattern.members:
+                        failed = self._run_one(member, records[member], env, queue) or failed
+            else:
+                failed = self._run_one(offset, record, env, queue) or failed
             for producer, position in last_uses[offset]:  # free registers no later op reads
                 env.pop(records[producer].results[position], None)
         if failed:
             with _failed_lock:
-                FAILED_SIGNATURES.append(self.spec.signature)
+                FAILED_SIGNATURES.append(spec.signature)
         return failed
+
+    def _run_one(self, offset: int, record, env: dict, queue) -> bool:
+        """One op of the kernel; True if it failed (recorded for the next sync point)."""
+        if queue.poison_seen and self._skip_poisoned(record, queue):
+            return False
+        dead = self.spec.dead
+        try:
+            if queue.faults is not None:
+                queue.faults.check(record.name)
+            result = record.run(env)
+            if isinstance(result, torch.Tensor):
+                storage = record.results[0]
+                if storage is not None:
+                    if (offset, 0) in dead:
+                        self._keep_dead(storage, result, env)
+                    else:
+                        storage.adopt(result)
+            else:
+                for position, value in enumerate(flatten_results(result)):
+                    storage = record.results[position] if position < len(record.results) else None
+                    if storage is not None and value is not None:
+                        if (offset, position) in dead:
+                            self._keep_dead(storage, value, env)
+                        else:
+                            storage.adopt(value)
+        except Exception as error:  # strict eager's rules for the rest
+            queue.fail(record.failure(error, self.spec.name, queue.completed + 1, env), record.written())
+            return True
+        return False
+
+    def _run_library(self, pattern, env: dict) -> bool:
+        """A matched chain's library kernel; False (run its ops instead) if it raises."""
+        records = self.records
+        dead = self.spec.dead
+        try:
+            inputs = [resolve(records[offset].args[index], env) for offset, index in pattern.inputs]
+            result = pattern.impl(*inputs, **pattern.constants)
+            values = (result,) if isinstance(result, torch.Tensor) else tuple(result)
+            for (offset, position), value in zip(pattern.outputs, values):
+                storage = records[offset].results[position]
+                if (offset, position) in dead:
+                    self._keep_dead(storage, value, env)
+                else:
+                    storage.adopt(value)
+        except Exception:  # noqa: BLE001
+            return False
+        return True
 
     def _run_compiled(self, compiled) -> bool:
         """The built kernel: one call. False (run op by op instead, which names the op
         that fails) when it raises; it writes nothing in place, so replaying is safe."""
         records = self.records
+        for pattern in self.spec.patterns:  # its library kernels' constants, as matched?
+            if pattern.checks and not checks_pass(pattern, records):
+                return False
         try:
             values = compiled.run(records)
             for (offset, position), value in zip(compiled.outputs, values):
@@ -340,23 +401,6 @@ class FusedKernel:
             if values is not None and not failed:
                 LOG.debug("built kernel %s differs from its ops: it stays op by op", spec.name)
             spec.compiled = False
-
-    def _run_pattern(self, pattern) -> bool:
-        """The library kernel. False (run the ops one by one instead) when a constant the
-        match depends on differs in this launch, or when the library kernel raises: the
-        op-by-op replay then reports the exact op that fails."""
-        records = self.records
-        if pattern.checks and not checks_pass(pattern, records):
-            return False
-        try:
-            inputs = [resolve(records[offset].args[index]) for offset, index in pattern.inputs]
-            result = pattern.impl(*inputs, **pattern.constants)
-        except Exception:
-            return False
-        outputs = (result,) if isinstance(result, torch.Tensor) else tuple(result)
-        for (offset, position), value in zip(pattern.outputs, outputs):
-            records[offset].results[position].adopt(value)
-        return True
 
     @staticmethod
     def _keep_dead(storage, value, env: dict) -> None:

@@ -19,22 +19,27 @@ layer norm 1e-5 (the variance is accumulated in one pass). Tests check each.
 from __future__ import annotations
 
 import math
+from typing import List, Optional
 
 import torch
 
 from adaptive_eager.device.storage import DeviceStorage
 
-aten = torch.ops.aten
+
 
 
 class PatternSpec:
-    """A matched chain, by offsets within its kernel's members."""
+    """A matched chain inside a fused kernel, by offsets within the kernel's members."""
 
-    __slots__ = ("name", "impl", "inputs", "outputs", "checks", "constants")
+    __slots__ = ("name", "impl", "members", "root", "inputs", "outputs", "checks", "constants")
 
-    def __init__(self, name, impl, inputs, outputs, checks, constants) -> None:
+    def __init__(self, name, impl, members, inputs, outputs, checks, constants) -> None:
         self.name = name
-        self.impl = impl  # (*input tensors, **constants) -> output tensor(s)
+        # (*input tensors, **constants) -> [output tensors]; TorchScript-able, so that a
+        # built kernel (fusion/compiled.py) can call it
+        self.impl = impl
+        self.members = members  # offsets of the chain's ops, in program order
+        self.root = members[-1]  # where the library kernel runs: the chain's last op
         self.inputs = inputs  # ((offset, arg index), ...) of the input references
         self.outputs = outputs  # ((offset, result index), ...) the kernel writes
         self.checks = checks  # ((offset, arg index, value), ...) re-checked at launch
@@ -42,7 +47,7 @@ class PatternSpec:
 
 
 class Match:
-    """A matched chain, by window positions (converted to a PatternSpec by the planner)."""
+    """A matched chain, by window positions (the planner places it in a kernel)."""
 
     __slots__ = ("name", "members", "impl", "inputs", "outputs", "checks", "constants")
 
@@ -55,11 +60,13 @@ class Match:
         self.checks = tuple(checks)
         self.constants = constants or {}
 
-    def spec(self) -> PatternSpec:
-        offset = {position: index for index, position in enumerate(self.members)}
+    def spec(self, kernel_members) -> PatternSpec:
+        """This match inside the kernel whose window positions are ``kernel_members``."""
+        offset = {position: index for index, position in enumerate(kernel_members)}
         return PatternSpec(
             self.name,
             self.impl,
+            tuple(offset[p] for p in self.members),
             tuple((offset[p], a) for p, a in self.inputs),
             tuple((offset[p], r) for p, r in self.outputs),
             tuple((offset[p], a, v) for p, a, v in self.checks),
@@ -114,6 +121,21 @@ class Context:
             return False
         return len(self.readers.get(storage, ())) == readers
 
+    def exportable(self, position: int, readers: int, root: int) -> bool:
+        """May the chain ending at ``root`` own the output of ``position`` while it is
+        needed after the chain (it escapes, or ops after ``root`` read it): read exactly
+        ``readers`` times up to ``root``, never written in place, not pinned? The library
+        kernel then writes it back too (autograd keeps such values for backward)."""
+        storage = self.records[position].results[0]
+        if storage is None or storage in self.written or storage.pinned:
+            return False
+        return sum(1 for reader in self.readers.get(storage, ()) if reader <= root) == readers
+
+    def needed_after(self, position: int, root: int) -> bool:
+        """Is the output of ``position`` needed after the chain ending at ``root``?"""
+        storage = self.records[position].results[0]
+        return self.escapes(position, 0) or any(reader > root for reader in self.readers.get(storage, ()))
+
     def same(self, a: int, ai: int, b: int, bi: int) -> bool:
         return self.arg(a, ai) is self.arg(b, bi)
 
@@ -155,8 +177,8 @@ def match_softmax(ctx: Context, root: int):
     return Match("softmax", [peak, shifted, exp, total, root], _softmax, [(peak, 0)], [(root, 0)], constants={"dim": dims[0]})
 
 
-def _softmax(x, dim):
-    return aten._softmax(x, dim, False)
+def _softmax(x: torch.Tensor, dim: int) -> List[torch.Tensor]:
+    return [torch.ops.aten._softmax(x, dim, False)]
 
 
 def match_log_softmax(ctx: Context, root: int):
@@ -183,8 +205,8 @@ def match_log_softmax(ctx: Context, root: int):
                  constants={"dim": dims[0]})
 
 
-def _log_softmax(x, dim):
-    return aten._log_softmax(x, dim, False)
+def _log_softmax(x: torch.Tensor, dim: int) -> List[torch.Tensor]:
+    return [torch.ops.aten._log_softmax(x, dim, False)]
 
 
 def match_silu(ctx: Context, root: int):
@@ -196,7 +218,7 @@ def match_silu(ctx: Context, root: int):
         if gate is not None and ctx.arg(gate, 0) is ctx.arg(root, other_arg):
             if not ctx.private(gate, 1):
                 return "intermediate escapes or is shared"
-            return Match("silu", [gate, root], aten.silu.default, [(gate, 0)], [(root, 0)])
+            return Match("silu", [gate, root], _silu, [(gate, 0)], [(root, 0)])
     return None
 
 
@@ -228,8 +250,16 @@ def match_gelu_tanh(ctx: Context, root: int):
     return Match("gelu_tanh", chain + [root], _gelu_tanh, [(half_x, 0)], [(root, 0)], checks)
 
 
-def _gelu_tanh(x):
-    return aten.gelu.default(x, approximate="tanh")
+def _silu(x: torch.Tensor) -> List[torch.Tensor]:
+    return [torch.ops.aten.silu(x)]
+
+
+def _gelu_tanh(x: torch.Tensor) -> List[torch.Tensor]:
+    return [torch.ops.aten.gelu(x, approximate="tanh")]
+
+
+def _gelu_erf(x: torch.Tensor) -> List[torch.Tensor]:
+    return [torch.ops.aten.gelu(x)]
 
 
 def match_gelu_erf(ctx: Context, root: int):
@@ -251,12 +281,13 @@ def match_gelu_erf(ctx: Context, root: int):
         return "intermediate escapes or is shared"
     factor = math.sqrt(2.0) if ctx.name(scaled) == "aten::div" else 1.0 / math.sqrt(2.0)
     checks = [(half_x, 1, 0.5), (scaled, 1, factor), (one_plus, 1, 1.0)]
-    return Match("gelu_erf", [half_x, scaled, erf, one_plus, root], aten.gelu.default, [(half_x, 0)], [(root, 0)], checks)
+    return Match("gelu_erf", [half_x, scaled, erf, one_plus, root], _gelu_erf, [(half_x, 0)], [(root, 0)], checks)
 
 
 def match_rms_norm(ctx: Context, root: int):
     """Hugging Face's LlamaRMSNorm: w * (x * rsqrt(mean(x**2, -1, keepdim) + eps)).to(dtype),
-    x cast to float32 first -> one kernel."""
+    x cast to float32 first -> one kernel. In training, autograd keeps ``rsqrt(...)`` and
+    the normalized ``x * rsqrt(...)``: the kernel writes them back too (exports)."""
     if ctx.name(root) != "aten::mul":
         return None
     normed = ctx.source(root, 1)
@@ -277,24 +308,35 @@ def match_rms_norm(ctx: Context, root: int):
         return None
     if _dims(ctx.arg(mean, 1)) not in ((-1,),) or ctx.arg(mean, 2) is not True:
         return None
-    chain = [square, mean, plus_eps, rsqrt, normed] + ([cast_back] if cast_back is not None else [])
-    if not all(ctx.private(p, 1) for p in chain):
-        return "intermediate escapes or is shared"
     eps = ctx.arg(plus_eps, 1)
     if not isinstance(eps, float):
         return None
-    dtype = ctx.records[root].results[0].dtype if ctx.records[root].results[0] is not None else None
+    kept = [("rstd", rsqrt), ("normed", normed)] + ([("cast", cast_back)] if cast_back is not None else [])
+    if not (all(ctx.private(p, 1) for p in (square, mean, plus_eps)) and all(ctx.exportable(p, 1, root) for _, p in kept)):
+        return "intermediate escapes or is shared"
+    exports = [(name, position) for name, position in kept if ctx.needed_after(position, root)]
+    chain = [square, mean, plus_eps, rsqrt, normed] + ([cast_back] if cast_back is not None else [])
+    cast_dtype = ctx.records[cast_back].results[0].dtype if cast_back is not None else None
     return Match(
-        "rms_norm", chain + [root], _rms_norm, [(square, 0), (root, 0)], [(root, 0)],
-        checks=[(plus_eps, 1, eps)], constants={"eps": eps, "dtype": dtype, "cast": cast_back is not None},
+        "rms_norm", chain + [root], _rms_norm, [(square, 0), (root, 0)],
+        [(root, 0)] + [(position, 0) for _, position in exports],
+        checks=[(plus_eps, 1, eps)],
+        constants={"eps": eps, "cast_dtype": cast_dtype, "exports": ",".join(name for name, _ in exports)},
     )
 
 
-def _rms_norm(x, weight, eps, dtype, cast):
-    normed = aten._fused_rms_norm.default(x, [x.shape[-1]], None, eps)[0]
-    if cast:
-        normed = normed.to(weight.dtype)
-    return weight * normed
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, cast_dtype: Optional[int], exports: str) -> List[torch.Tensor]:
+    normed, rstd = torch.ops.aten._fused_rms_norm(x, [x.size(-1)], None, eps)
+    cast = normed if cast_dtype is None else normed.to(cast_dtype)
+    values = [weight * cast]
+    for name in exports.split(","):
+        if name == "rstd":
+            values.append(rstd)
+        elif name == "normed":
+            values.append(normed)
+        elif name == "cast":
+            values.append(cast)
+    return values
 
 
 def match_layer_norm(ctx: Context, root: int):
@@ -335,8 +377,8 @@ def match_layer_norm(ctx: Context, root: int):
     )
 
 
-def _layer_norm(x, weight, bias, eps):
-    return aten.native_layer_norm.default(x, [x.shape[-1]], weight, bias, eps)[0]
+def _layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> List[torch.Tensor]:
+    return [torch.ops.aten.native_layer_norm(x, [x.size(-1)], weight, bias, eps)[0]]
 
 
 def match_linear_bias(ctx: Context, root: int):
@@ -351,7 +393,11 @@ def match_linear_bias(ctx: Context, root: int):
         return None
     if not ctx.private(product, 1):
         return "intermediate escapes or is shared"
-    return Match("linear_bias", [product, root], aten.addmm.default, [(root, 1), (product, 0), (product, 1)], [(root, 0)])
+    return Match("linear_bias", [product, root], _addmm, [(root, 1), (product, 0), (product, 1)], [(root, 0)])
+
+
+def _addmm(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> List[torch.Tensor]:
+    return [torch.ops.aten.addmm(bias, x, weight)]
 
 
 # (pattern name, matcher, one-line comment): the table, tried from each window's end.

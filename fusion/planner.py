@@ -47,7 +47,7 @@ class Group:
     only while its working set still fits.
     """
 
-    __slots__ = ("members", "anchor", "anchor_kind", "numels", "footprint", "on_chip_only", "match", "repeats")
+    __slots__ = ("members", "anchor", "anchor_kind", "numels", "footprint", "on_chip_only", "matches", "repeats")
 
     def __init__(self, index: int, kind: str, record) -> None:
         self.members = [index]
@@ -66,7 +66,7 @@ class Group:
                     footprint[storage] = nbytes
         self.footprint = footprint
         self.on_chip_only = kind in (OPAQUE, BARRIER)
-        self.match = None  # a patterns.Match: the group is one library kernel, closed
+        self.matches = []  # patterns.Match: library kernels inside the group
         self.repeats = 1  # how many same-shaped chains a horizontal fusion put together
 
     def merged_footprint(self, other: "Group") -> int:
@@ -88,6 +88,7 @@ class Group:
             if nbytes > self.footprint.get(storage, 0):
                 self.footprint[storage] = nbytes
         self.on_chip_only = self.on_chip_only or other.on_chip_only or on_chip_only
+        self.matches += other.matches
 
 
 class Refusal(str):
@@ -98,6 +99,8 @@ def loop_rules(producer: Group, consumer: Group, edge, kinds, records) -> Refusa
     """What a kernel that streams its tensors through device memory can hold (see the
     module docstring): one anchor, one iteration space, no matmul prologue, no opaque op."""
     for group in (producer, consumer):
+        if group.matches:
+            return Refusal(f"library kernel: {group.matches[0].name}")
         for index in group.members:
             if kinds[index] in (OPAQUE, BARRIER):
                 return Refusal(f"opaque op: {records[index].name}")
@@ -128,9 +131,6 @@ def can_fuse(producer: Group, consumer: Group, edge, kinds, records, graph, unfu
     fits in ``on_chip_bytes`` (one NeuronCore's SBUF) may share a kernel whatever their
     categories, as in a compiled subgraph; beyond that, the loop rules decide.
     """
-    for group in (producer, consumer):
-        if group.match is not None:
-            return Refusal(f"library kernel: {group.match.name}"), False
     reason = loop_rules(producer, consumer, edge, kinds, records)
     on_chip = False
     if reason is not None:
@@ -200,7 +200,7 @@ class Plan:
             sum(spec.ops for spec in fused),
             sum(spec.bytes_saved for spec in fused),
             sum(len(spec.dead) for spec in fused),
-            tuple((spec.pattern.name, spec.ops) for spec in fused if spec.pattern is not None),
+            tuple((pattern.name, len(pattern.members)) for spec in fused for pattern in spec.patterns),
         )
 
 
@@ -225,7 +225,7 @@ def _fuse_horizontally(groups, group_of, records, graph, members_of) -> None:
     buckets: dict = {}
     for gid in sorted(groups, key=lambda g: min(groups[g].members)):
         group = groups[gid]
-        if len(group.members) < 2 or group.match is not None:
+        if len(group.members) < 2 or group.matches:
             continue
         buckets.setdefault(_chain_shape(sorted(group.members), records), []).append(gid)
     for gids in buckets.values():
@@ -271,7 +271,7 @@ def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_c
             for index in match.members[1:]:
                 head.absorb(groups.pop(index), False)
                 group_of[index] = first
-            head.match = match
+            head.matches.append(match)
 
     candidates = sorted(
         ((score(u, v, records), u, v) for u, v, kind in graph.edges(data="kind") if kind == "raw"),
@@ -310,7 +310,7 @@ def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_c
             if storage is not None:
                 touched_by.setdefault(storage, set()).add(index)
     specs = [
-        group_spec(sorted(groups[gid].members), records, touched_by, escapes, kernel_cache, groups[gid].match,
+        group_spec(sorted(groups[gid].members), records, touched_by, escapes, kernel_cache, groups[gid].matches,
                    groups[gid].repeats)
         for gid in order
     ]

@@ -183,3 +183,70 @@ def test_patterns_can_be_switched_off():
     (d,) = on_device(x)
     assert_same(softmax_by_hand(d), softmax_by_hand(x))
     assert patterns() == {}
+
+
+# -- library kernels in training, and inside larger kernels -----------------------------------
+
+
+def test_rms_norm_in_training_writes_back_what_autograd_keeps():
+    """Autograd keeps rsqrt(...) and the normalized input for backward: they escape, and
+    the library kernel writes them back too instead of giving up the match."""
+    torch.manual_seed(0)
+    norm = LlamaRMSNorm(32)
+    norm.weight.data.uniform_(0.5, 1.5)
+    device_norm = LlamaRMSNorm(32).to("neuron")
+    device_norm.load_state_dict(norm.state_dict())
+    x = torch.randn(4, 8, 32, requires_grad=True)
+    (d,) = on_device(x.detach())
+    d.requires_grad_(True)
+    out = device_norm(d)
+    out.sum().backward()
+    norm(x).sum().backward()
+    assert_same(d.grad, x.grad, rtol=1e-5, atol=1e-6)
+    assert_same(device_norm.weight.grad, norm.weight.grad, rtol=1e-5, atol=1e-5)
+    assert patterns()["rms_norm"] == {"matched": 1, "ops": 6}
+
+
+def test_rms_norm_not_matched_when_the_variance_escapes():
+    """mean(x**2) is not something the library kernel gives back: keeping it refuses."""
+    x, w = torch.randn(4, 32), torch.rand(32) + 0.5
+    dx, dw = on_device(x, w)
+    variance = dx.pow(2).mean(-1, keepdim=True)  # the user keeps it
+    out = dw * (dx * torch.rsqrt(variance + 1e-6))
+    assert_same(out, w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)), rtol=1e-5, atol=1e-6)
+    assert patterns() == {}
+    assert_same(variance, x.pow(2).mean(-1, keepdim=True))
+
+
+def test_library_kernel_joins_its_neighbours_under_the_on_chip_rule():
+    """A matched chain is one unit inside a larger kernel when the working set fits on
+    chip: the pattern still counts, and the launch count does not grow."""
+    _adaptive_sink().policy.on_chip_bytes = 24 << 20
+    torch.manual_seed(0)
+    norm = LlamaRMSNorm(32)
+    device_norm = LlamaRMSNorm(32).to("neuron")
+    device_norm.load_state_dict(norm.state_dict())
+    x, w1, w2 = torch.randn(16, 32), torch.randn(32, 32), torch.randn(32, 8)
+    dx, dw1, dw2 = on_device(x, w1, w2)
+    with torch.no_grad():
+        assert_same(device_norm(dx @ dw1) @ dw2, norm(x @ w1) @ w2, rtol=1e-5, atol=1e-5)
+    assert patterns() == {"rms_norm": {"matched": 1, "ops": 6}}
+    assert adaptive_eager.stats()["kernels_launched"] == 1
+    assert kernel_names() == ["mm|rms_norm(pow|mean|add|rsqrt|mul|mul)|mm"]
+
+
+def test_built_kernel_runs_its_library_kernels():
+    _adaptive_sink().policy.on_chip_bytes = 24 << 20
+    _adaptive_sink().kernel_cache.clear()
+    torch.manual_seed(0)
+    norm = LlamaRMSNorm(32)
+    device_norm = LlamaRMSNorm(32).to("neuron")
+    device_norm.load_state_dict(norm.state_dict())
+    w = torch.randn(32, 32)
+    (dw,) = on_device(w)
+    for _ in range(4):
+        x = torch.randn(16, 32)
+        with torch.no_grad():
+            assert_same(torch.tanh(device_norm(x.to("neuron") @ dw)), torch.tanh(norm(x @ w)), rtol=1e-5, atol=1e-5)
+    cache = adaptive_eager.stats()["kernel_cache"]
+    assert cache["built"] >= 1 and cache["op_by_op"] == 0
