@@ -232,8 +232,15 @@ def _scripted(function):
     scripted = _SCRIPTED.get(function)
     if scripted is None:
         names = {"torch": torch, "List": typing.List, "Optional": typing.Optional}
+
+        def resolve(name):  # torch, typing, and the functions it calls (scripted too)
+            found = names.get(name)
+            if found is None and inspect.isfunction(function.__globals__.get(name)):
+                found = _scripted(function.__globals__[name])
+            return found
+
         unit = torch.jit.CompilationUnit()
-        unit.define(textwrap.dedent(inspect.getsource(function)), rcb=names.get)
+        unit.define(textwrap.dedent(inspect.getsource(function)), rcb=resolve)
         scripted = _SCRIPTED[function] = getattr(unit, function.__name__)
     return scripted
 

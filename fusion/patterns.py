@@ -23,7 +23,7 @@ from typing import List, Optional
 
 import torch
 
-from adaptive_eager.device.storage import DeviceStorage
+from adaptive_eager.device.storage import DeviceStorage, ViewRef
 
 
 
@@ -113,6 +113,27 @@ class Context:
             return None
         return produced[0]
 
+    def source_reshaped(self, position: int, index: int, op_name: str | None = None):
+        """As :meth:`source`, seeing through a view that only reshapes the whole output
+        (matmul's ``expand``/``reshape``/``_unsafe_view`` around ``bmm``)."""
+        ref = self.arg(position, index)
+        if type(ref) is ViewRef:
+            storage = ref.storage
+            if ref.offset != 0 or _numel(ref.shape) != _numel(storage.shape) or not (
+                _contiguous(ref.shape, ref.stride) and _contiguous(storage.shape, storage.stride)
+            ):
+                return None
+        elif type(ref) is DeviceStorage:
+            storage = ref
+        else:
+            return None
+        produced = self.producer.get(storage)
+        if produced is None or produced[1] != 0 or produced[0] in self.claimed:
+            return None
+        if op_name is not None and self.name(produced[0]) != op_name:
+            return None
+        return produced[0]
+
     def private(self, position: int, readers: int) -> bool:
         """Is the output of ``position`` an intermediate the chain owns: read exactly
         ``readers`` times in the window, never written in place, not escaping, not viewed?"""
@@ -138,6 +159,22 @@ class Context:
 
     def same(self, a: int, ai: int, b: int, bi: int) -> bool:
         return self.arg(a, ai) is self.arg(b, bi)
+
+
+def _numel(shape) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def _contiguous(shape, stride) -> bool:
+    expected = 1
+    for size, step in zip(reversed(shape), reversed(stride)):
+        if size != 1 and step != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _dims(value):
@@ -396,12 +433,89 @@ def match_linear_bias(ctx: Context, root: int):
     return Match("linear_bias", [product, root], _addmm, [(root, 1), (product, 0), (product, 1)], [(root, 0)])
 
 
+def match_attention(ctx: Context, root: int):
+    """Attention written by hand, as matmul lowers it: bmm(q, k^T), times (or divided by) a
+    scale, an optional additive mask or masked_fill(mask, -inf), softmax over the last dim,
+    bmm with v -> scaled_dot_product_attention. In training the softmax output is kept for
+    backward: the math implementation writes it back too."""
+    if ctx.name(root) != "aten::bmm":
+        return None
+    probs = ctx.source_reshaped(root, 0, "aten::_softmax")
+    if probs is None or ctx.arg(probs, 2) is not False:
+        return None
+    shape = ctx.records[probs].results[0].shape
+    if len(shape) != 4 or ctx.arg(probs, 1) not in (-1, 3):
+        return None
+    before = ctx.source(probs, 0)
+    if before is None:
+        return None
+    masking, checks = None, []
+    if ctx.name(before) == "aten::add" and ctx.records[before].kwargs.get("alpha", 1) == 1:
+        masking, scaled = "add", ctx.source(before, 0)
+    elif ctx.name(before) == "aten::masked_fill" and ctx.arg(before, 2) == float("-inf"):
+        masking, scaled = "fill", ctx.source(before, 0)
+        checks.append((before, 2, float("-inf")))
+    else:
+        scaled = before
+    if scaled is None or ctx.name(scaled) not in ("aten::mul", "aten::div"):
+        return None
+    factor = ctx.arg(scaled, 1)
+    if type(factor) is not float or factor == 0.0:
+        return None
+    scores = ctx.source_reshaped(scaled, 0, "aten::bmm")
+    if scores is None or ctx.records[scaled].results[0].shape != shape:
+        return None
+    batch, heads = shape[0], shape[1]
+    if ctx.records[scores].results[0].shape[0] != batch * heads:
+        return None
+    mask = ctx.arg(before, 1) if masking else None
+    if masking and type(mask) not in (DeviceStorage, ViewRef):
+        return None
+    chain = [scores, scaled] + ([before] if masking else [])
+    if not (all(ctx.private(p, 1) for p in chain) and ctx.exportable(probs, 1, root)):
+        return "intermediate escapes or is shared"
+    export = ctx.needed_after(probs, root)
+    checks.append((scaled, 1, factor))
+    inputs = [(scores, 0), (scores, 1), (root, 1)] + ([(before, 1)] if masking else [])
+    return Match(
+        "attention", chain + [probs, root], _attention if masking else _attention_unmasked, inputs,
+        [(root, 0)] + ([(probs, 0)] if export else []), checks,
+        constants={"scale": factor if ctx.name(scaled) == "aten::mul" else 1.0 / factor, "batch": batch,
+                   "heads": heads, "negate": masking == "fill", "export": export},
+    )
+
+
+def _attention(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], scale: float,
+               batch: int, heads: int, negate: bool, export: bool) -> List[torch.Tensor]:
+    q4 = q.reshape(batch, heads, q.size(1), q.size(2))
+    k4 = kt.transpose(1, 2).reshape(batch, heads, kt.size(2), kt.size(1))
+    v4 = v.reshape(batch, heads, v.size(1), v.size(2))
+    attn_mask = mask
+    if mask is not None and negate:  # masked_fill's mask says what to drop; SDPA's, what to keep
+        if export:  # the math implementation takes additive masks only
+            attn_mask = torch.zeros(mask.size(), dtype=q.dtype).masked_fill(mask, float("-inf"))
+        else:
+            attn_mask = mask.logical_not()
+    if export:
+        out, weights = torch.ops.aten._scaled_dot_product_attention_math(q4, k4, v4, attn_mask, 0.0, False, None,
+                                                                         scale=scale)
+        return [out.reshape(q.size(0), q.size(1), v.size(2)), weights]
+    out = torch.ops.aten.scaled_dot_product_attention(q4, k4, v4, attn_mask, 0.0, False, scale=scale)
+    return [out.reshape(q.size(0), q.size(1), v.size(2))]
+
+
+def _attention_unmasked(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, scale: float, batch: int, heads: int,
+                        negate: bool, export: bool) -> List[torch.Tensor]:
+    return _attention(q, kt, v, None, scale, batch, heads, negate, export)
+
+
 def _addmm(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> List[torch.Tensor]:
     return [torch.ops.aten.addmm(bias, x, weight)]
 
 
 # (pattern name, matcher, one-line comment): the table, tried from each window's end.
 PATTERNS = [
+    ("attention", match_attention, "q @ k^T * scale (+ mask), softmax, @ v -> scaled_dot_product_attention"),
     ("softmax", match_softmax, "exp(x - amax) / sum(exp): the max-subtracted softmax, one kernel"),
     ("log_softmax", match_log_softmax, "x - amax - log(sum(exp)): log-softmax, one kernel"),
     ("gelu_tanh", match_gelu_tanh, "GPT-2's tanh GELU formula -> gelu(approximate='tanh')"),

@@ -250,3 +250,87 @@ def test_built_kernel_runs_its_library_kernels():
             assert_same(torch.tanh(device_norm(x.to("neuron") @ dw)), torch.tanh(norm(x @ w)), rtol=1e-5, atol=1e-5)
     cache = adaptive_eager.stats()["kernel_cache"]
     assert cache["built"] >= 1 and cache["op_by_op"] == 0
+
+
+# -- attention -----------------------------------------------------------------------------
+
+
+def eager_attention(q, k, v, mask=None, scale=None, fill=None):
+    """Hugging Face's eager attention (scale, additive mask) or GPT-2's (masked_fill)."""
+    weights = torch.matmul(q, k.transpose(2, 3)) * (scale if scale is not None else q.size(-1) ** -0.5)
+    if mask is not None:
+        weights = weights + mask
+    if fill is not None:
+        weights = weights.masked_fill(fill, float("-inf"))
+    weights = F.softmax(weights, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, v)
+
+
+def qkv(batch=2, heads=4, length=8, dim=16):
+    generator = torch.Generator().manual_seed(0)
+    return [torch.randn(batch, heads, length, dim, generator=generator) for _ in range(3)]
+
+
+def causal(length=8):
+    return torch.full((length, length), float("-inf")).triu(1)[None, None]
+
+
+@pytest.mark.parametrize("masking", ["none", "additive", "masked_fill"])
+def test_attention_written_out_is_scaled_dot_product_attention(masking):
+    q, k, v = qkv()
+    dq, dk, dv = on_device(q, k, v)
+    mask = causal() if masking == "additive" else None
+    fill = (torch.tril(torch.ones(8, 8)) == 0)[None, None] if masking == "masked_fill" else None
+    device_mask = mask.to("neuron") if mask is not None else None
+    device_fill = fill.to("neuron") if fill is not None else None
+    torch.neuron.synchronize()
+    adaptive_eager.reset_stats()
+    with torch.no_grad():
+        out = eager_attention(dq, dk, dv, device_mask, fill=device_fill)
+        assert_same(out, eager_attention(q, k, v, mask, fill=fill), rtol=1e-5, atol=1e-6)
+    assert patterns()["attention"] == {"matched": 1, "ops": 4 if masking == "none" else 5}
+    assert adaptive_eager.stats()["kernels_launched"] == 1
+
+
+@pytest.mark.parametrize("masking", ["additive", "masked_fill"])
+def test_attention_in_training_writes_back_the_weights_backward_needs(masking):
+    q, k, v = qkv()
+    mask = causal() if masking == "additive" else None
+    fill = (torch.tril(torch.ones(8, 8)) == 0)[None, None] if masking == "masked_fill" else None
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    device_leaves = [t.to("neuron").requires_grad_(True) for t in (q, k, v)]
+    device_mask = mask.to("neuron") if mask is not None else None
+    device_fill = fill.to("neuron") if fill is not None else None
+    torch.neuron.synchronize()
+    adaptive_eager.reset_stats()
+    eager_attention(*device_leaves, device_mask, fill=device_fill).pow(2).sum().backward()
+    eager_attention(*leaves, mask, fill=fill).pow(2).sum().backward()
+    for device_leaf, leaf in zip(device_leaves, leaves):
+        assert_same(device_leaf.grad, leaf.grad, rtol=1e-5, atol=1e-5)
+    assert patterns()["attention"]["matched"] == 1
+
+
+def test_attention_not_matched_when_the_mask_comes_before_the_scale():
+    """(q @ k^T + mask) * scale is not SDPA's order (it scales, then adds the mask)."""
+    q, k, v = qkv()
+    mask = torch.randn(1, 1, 8, 8)
+    dq, dk, dv, dmask = on_device(q, k, v, mask)
+
+    def mask_first(q, k, v, mask):
+        return torch.matmul(F.softmax((torch.matmul(q, k.transpose(2, 3)) + mask) * 0.25, dim=-1), v)
+
+    with torch.no_grad():
+        assert_same(mask_first(dq, dk, dv, dmask), mask_first(q, k, v, mask), rtol=1e-5, atol=1e-6)
+    assert "attention" not in patterns()
+
+
+def test_attention_not_matched_when_softmax_runs_over_another_dim():
+    q, k, v = qkv()
+    dq, dk, dv = on_device(q, k, v)
+
+    def other_dim(q, k, v):
+        return torch.matmul(F.softmax(torch.matmul(q, k.transpose(2, 3)) * 0.25, dim=-2), v)
+
+    with torch.no_grad():
+        assert_same(other_dim(dq, dk, dv), other_dim(q, k, v), rtol=1e-5, atol=1e-6)
+    assert "attention" not in patterns()
