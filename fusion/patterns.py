@@ -509,6 +509,58 @@ def _attention_unmasked(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, scal
     return _attention(q, kt, v, None, scale, batch, heads, negate, export)
 
 
+def _place(ref):
+    """(storage, shape, stride, offset) of a tensor argument, or None."""
+    if type(ref) is DeviceStorage:
+        return ref, tuple(ref.shape), tuple(ref.stride), 0
+    if type(ref) is ViewRef:
+        return ref.storage, tuple(ref.shape), tuple(ref.stride), ref.offset
+    return None
+
+
+def match_rotary(ctx: Context, root: int):
+    """Hugging Face's rotary embedding: x * cos + rotate_half(x) * sin, rotate_half(x) =
+    cat((-x[..., h:], x[..., :h]), -1) -> one kernel with no rotated copy of x."""
+    if ctx.name(root) != "aten::add" or ctx.records[root].kwargs.get("alpha", 1) != 1:
+        return None
+    direct = ctx.source(root, 0, "aten::mul")
+    rotated = ctx.source(root, 1, "aten::mul")
+    if direct is None or rotated is None:
+        return None
+    joined = ctx.source(rotated, 0, "aten::cat")
+    if joined is None or ctx.arg(joined, 1, 0) not in (-1, len(ctx.records[joined].results[0].shape) - 1):
+        return None
+    parts = ctx.arg(joined, 0)
+    if not isinstance(parts, (list, tuple)) or len(parts) != 2 or type(parts[0]) is not DeviceStorage:
+        return None
+    negated = ctx.producer.get(parts[0])
+    if negated is None or negated[1] != 0 or negated[0] in ctx.claimed or ctx.name(negated[0]) != "aten::neg":
+        return None
+    negated = negated[0]
+    x, first, second = _place(ctx.arg(direct, 0)), _place(parts[1]), _place(ctx.arg(negated, 0))
+    if x is None or first is None or second is None:
+        return None
+    storage, shape, stride, offset = x
+    half = shape[-1] // 2 if shape else 0
+    if not half or shape[-1] != 2 * half or stride[-1] != 1:
+        return None
+    halves = shape[:-1] + (half,)
+    if first != (storage, halves, stride, offset) or second != (storage, halves, stride, offset + half):
+        return None
+    if not all(ctx.private(p, 1) for p in (direct, negated, joined, rotated)):
+        return "intermediate escapes or is shared"
+    return Match("rotary", [direct, negated, joined, rotated, root], _rotary,
+                 [(direct, 0), (direct, 1), (rotated, 1)], [(root, 0)])
+
+
+def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> List[torch.Tensor]:
+    half = x.size(-1) // 2
+    out = x * cos  # then the rotated half's terms, added in place
+    out[..., :half].addcmul_(x[..., half:], sin[..., :half], value=-1)
+    out[..., half:].addcmul_(x[..., :half], sin[..., half:])
+    return [out]
+
+
 def _addmm(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> List[torch.Tensor]:
     return [torch.ops.aten.addmm(bias, x, weight)]
 
@@ -516,6 +568,7 @@ def _addmm(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> List[to
 # (pattern name, matcher, one-line comment): the table, tried from each window's end.
 PATTERNS = [
     ("attention", match_attention, "q @ k^T * scale (+ mask), softmax, @ v -> scaled_dot_product_attention"),
+    ("rotary", match_rotary, "x * cos + cat(-x2, x1) * sin: rotary embedding without the rotated copy"),
     ("softmax", match_softmax, "exp(x - amax) / sum(exp): the max-subtracted softmax, one kernel"),
     ("log_softmax", match_log_softmax, "x - amax - log(sum(exp)): log-softmax, one kernel"),
     ("gelu_tanh", match_gelu_tanh, "GPT-2's tanh GELU formula -> gelu(approximate='tanh')"),

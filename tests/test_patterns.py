@@ -14,7 +14,7 @@ from adaptive_eager.mode import _adaptive_sink
 from conftest import assert_same
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.workloads import LlamaRMSNorm  # noqa: E402  (as Hugging Face writes it)
+from bench.workloads import LlamaRMSNorm, apply_rotary_pos_emb, rotate_half  # noqa: E402  (as Hugging Face writes them)
 
 
 @pytest.fixture(autouse=True)
@@ -334,3 +334,61 @@ def test_attention_not_matched_when_softmax_runs_over_another_dim():
     with torch.no_grad():
         assert_same(other_dim(dq, dk, dv), other_dim(q, k, v), rtol=1e-5, atol=1e-6)
     assert "attention" not in patterns()
+
+
+# -- rotary embedding ----------------------------------------------------------------------
+
+
+def rotary_inputs():
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 8, 16, generator=generator)
+    cos, sin = torch.randn(2, 8, 16, generator=generator), torch.randn(2, 8, 16, generator=generator)
+    return q, cos, sin
+
+
+def test_rotary_embedding_is_one_kernel():
+    q, cos, sin = rotary_inputs()
+    dq, dcos, dsin = on_device(q, cos, sin)
+    out_q, out_k = apply_rotary_pos_emb(dq, dq * 2, dcos, dsin)
+    expected_q, expected_k = apply_rotary_pos_emb(q, q * 2, cos, sin)
+    assert_same(out_q, expected_q, rtol=1e-6, atol=1e-6)
+    assert_same(out_k, expected_k, rtol=1e-6, atol=1e-6)
+    assert patterns() == {"rotary": {"matched": 2, "ops": 10}}  # q and k
+    assert kernel_names() == ["aten::mul", "rotary(mul|neg|cat|mul|add)"]
+    assert adaptive_eager.stats()["kernels_launched"] == 3
+
+
+def test_rotary_embedding_in_training():
+    q, cos, sin = rotary_inputs()
+    leaf = q.clone().requires_grad_(True)
+    (device_q, dcos, dsin) = on_device(q, cos, sin)
+    device_leaf = device_q.requires_grad_(True)
+    (apply_rotary_pos_emb(device_leaf, device_leaf, dcos, dsin)[0] ** 2).sum().backward()
+    (apply_rotary_pos_emb(leaf, leaf, cos, sin)[0] ** 2).sum().backward()
+    assert_same(device_leaf.grad, leaf.grad, rtol=1e-5, atol=1e-5)
+    assert patterns()["rotary"]["matched"] == 2  # q and k
+
+
+def test_rotary_not_matched_when_the_halves_are_swapped():
+    """cat((x1, -x2)) rotates the other way: not the rotate_half form."""
+    q, cos, sin = rotary_inputs()
+    dq, dcos, dsin = on_device(q, cos, sin)
+
+    def other_way(x, cos, sin):
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((x[..., :half], -x[..., half:]), dim=-1) * sin
+
+    assert_same(other_way(dq, dcos.unsqueeze(1), dsin.unsqueeze(1)), other_way(q, cos.unsqueeze(1), sin.unsqueeze(1)),
+                rtol=1e-6, atol=1e-6)
+    assert patterns() == {}
+
+
+def test_rotary_not_matched_when_the_rotated_copy_escapes():
+    q, cos, sin = rotary_inputs()
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    dq, dcos, dsin = on_device(q, cos, sin)
+    rotated = rotate_half(dq)  # the user keeps it
+    out = dq * dcos + rotated * dsin
+    assert_same(out, q * cos + rotate_half(q) * sin, rtol=1e-6, atol=1e-6)
+    assert patterns() == {}
+    assert_same(rotated, rotate_half(q))
