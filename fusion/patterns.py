@@ -1,20 +1,32 @@
 """The pattern library: op chains users write by hand, run as one library kernel.
 
 Entry points: :data:`PATTERNS` (the table), :func:`find_patterns` (window -> matches) and
-:class:`PatternSpec` (a match, free of window positions, as a fused kernel carries it).
+:class:`PatternSpec` (a match inside a fused kernel, by offsets, as the kernel carries it).
 
 Each table entry is a matcher, rooted at the last op of its chain, with the ATen kernel
 that replaces the chain and a one-line comment. A match applies only when it is exactly
 right: every intermediate of the chain is produced and read inside it, read by the chain
 alone, never written in place, never viewed, and not referenced from Python at the
-flush. Scalar constants a chain depends on (``eps``, GELU's 0.044715) are checked again
-at every launch, since plan-cache keys hold float types, not values; a launch whose
-constants differ runs the chain op by op.
+flush. The one exception is an *export*: an intermediate the library kernel also
+computes (RMSNorm's ``rsqrt(...)`` and normalized input, attention's softmax output) may
+be needed after the chain, as autograd keeps it for backward; the kernel then writes it
+back too. Scalar constants a chain depends on (``eps``, GELU's 0.044715, the attention
+scale) are checked again at every launch, since plan-cache keys hold float types, not
+values; a launch whose constants differ runs the chain op by op.
 
-Tolerances against the unfused ops (the replacement kernels reassociate the same math):
-softmax/log_softmax 1e-6 relative (ATen's kernels subtract the max the same way),
-GELU/SiLU 1e-6 (one fused expression instead of rounding after each op), RMSNorm and
-layer norm 1e-5 (the variance is accumulated in one pass). Tests check each.
+A matched chain is one unit of its kernel: alone, or inside a larger kernel when the
+on-chip rule merges it with its neighbours. Implementations are TorchScript-able, so a
+hot kernel holding one is built (``fusion/compiled.py``) like any other.
+
+Tolerances against the unfused ops, each checked by a test (``tests/test_patterns.py``):
+
+- softmax, log_softmax: 1e-6 relative (ATen's kernels subtract the max the same way);
+- GELU, SiLU: 1e-6 (one fused expression instead of rounding after each op);
+- RMSNorm, layer norm: 1e-5 (the variance is accumulated in one pass);
+- linear + bias: 1e-6 (addmm adds the bias inside the GEMM);
+- attention: 1e-5 (SDPA accumulates the softmax in another order; in training the math
+  implementation scales q and k by sqrt(scale) each, not the scores once);
+- rotary: 1e-6 (the rotated half is added with addcmul, one rounding less).
 """
 from __future__ import annotations
 
