@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import adaptive_eager  # noqa: E402
 from adaptive_eager.mode import _adaptive_sink  # noqa: E402
+from adaptive_eager.window import WindowPolicy  # noqa: E402
 from bench.workloads import apply_rotary_pos_emb  # noqa: E402
 
 _generator = torch.Generator().manual_seed(0)
@@ -99,7 +100,7 @@ def measure() -> list[dict]:
     policy.min_ops = policy.max_ops = 10**6  # one window per pass: flushed at its sync point
     rows = []
     try:
-        for rule, on_chip in (("loop rules", 0), ("on-chip rule", saved[2])):
+        for rule, on_chip in (("loop rules", 0), ("on-chip rule", WindowPolicy().on_chip_bytes)):
             policy.on_chip_bytes = on_chip
             sink.plan_cache.clear()
             for form in FORMS:
