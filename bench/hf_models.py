@@ -541,6 +541,11 @@ def run_pipeline(model, case: Case, device, progress=lambda stage: None, fwd_bwd
             s = adaptive_eager.stats()
             out["launches_fwd_bwd"] = s["kernels_launched"] - before["kernels_launched"]
             out["ops_fwd_bwd"] = s["ops_recorded"] - before["ops_recorded"]
+            out["patterns_fwd_bwd"] = {
+                name: counts["matched"] - before["patterns"].get(name, {}).get("matched", 0)
+                for name, counts in s["patterns"].items()
+                if counts["matched"] > before["patterns"].get(name, {}).get("matched", 0)
+            }
         model.eval()
         out["loss"] = loss.detach().cpu()
         logits = result.logits
@@ -741,6 +746,7 @@ def run_architecture(model_type: str, progress=lambda stage: None, strict: bool 
     record["neuron_seconds"] = round(time.perf_counter() - t0, 2)
     if neuron is not None:
         record["launches"] = {"adaptive": neuron["launches_fwd_bwd"], "ops": neuron["ops_fwd_bwd"]}
+        record["patterns"] = neuron.get("patterns_fwd_bwd", {})
 
         # 4. compare with the CPU
         progress("compare")
@@ -924,6 +930,15 @@ def report(records: dict, summary: dict) -> list[str]:
     if fallback:
         lines.append("ops that fell back to the CPU (architectures): " + ", ".join(f"{op} ({n})" for op, n in fallback.most_common()))
         lines.append("")
+    matched = collections.Counter()
+    for r in records.values():
+        for name in r.get("patterns", {}) or {}:
+            matched[name] += 1
+    lines.append(
+        "library kernels matched in the training step (architectures): "
+        + (", ".join(f"{name} ({n})" for name, n in matched.most_common()) or "none")
+    )
+    lines.append("")
     s = summary
     lines.append(
         f"{s['ok']}/{s['buildable']} architectures that build tiny offline work out of the box on neuron "
