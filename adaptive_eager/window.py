@@ -30,8 +30,9 @@ import torch
 from .device.config import CONFIG, env_flag, env_float
 from .device.cost_model import PROFILE
 from .device.queue import QUEUE
+from .device.storage import TRACKING
 from .fusion.caches import CountingLRU
-from .fusion.categories import BARRIER, CATEGORY_BY_OP, category
+from .fusion.categories import BARRIER, category
 from .fusion.kernels import FAILED_SIGNATURES, KernelCache, WindowLaunches
 from .fusion.planner import plan_window
 from .statistics import FUSION
@@ -63,13 +64,18 @@ class AdaptiveSink:
         self.plan_cache = CountingLRU(maxsize=1024)  # plans by window structure
         self.kernel_cache = KernelCache()
         self.unfusable: set = set()
+        # id(op) -> is it a barrier: an int key hashes in C, an OpOverload in Python
+        self.barrier_by_op: dict = {}
         FUSION.caches["plan_cache"] = self.plan_cache
         FUSION.caches["kernel_cache"] = self.kernel_cache
 
     # -- recording ---------------------------------------------------------------------
     def record(self, record, outputs=()) -> None:
         op = record.op
-        if (CATEGORY_BY_OP.get(op) or category(op)) is BARRIER:
+        barrier = self.barrier_by_op.get(id(op))
+        if barrier is None:
+            barrier = self.barrier_by_op[id(op)] = category(op) is BARRIER
+        if barrier:
             self.flush(f"barrier: {record.name}")
             self._launch_single(record)
             return
@@ -86,7 +92,7 @@ class AdaptiveSink:
             records = self.records
         for storage in record.results:
             if storage is not None:
-                storage.views = []  # track views of it until the flush
+                storage.views = TRACKING  # track views of it until the flush
         records.append(record)
         # Weak references: holding the outputs would change PyTorch's behaviour (autograd
         # steals a gradient buffer only when nothing else references it).
@@ -128,7 +134,8 @@ class AdaptiveSink:
 
         Per op: its signature's number (negated), then the local number of each storage
         it reads, writes and produces (data flow and aliasing; numbers in order of first
-        appearance); "w" and "r" separate the three lists. An *escaping* output's number is
+        appearance). The signature fixes how many of each there are, so nothing separates
+        the three lists. An *escaping* output's number is
         complemented (negative): one still needed after the flush because it is still
         referenced (by the user, autograd's saved tensors, a container), viewed by a live
         view, or pinned. Built in one pass at every flush: this is host time per op."""
@@ -143,15 +150,11 @@ class AdaptiveSink:
                 if number is None:
                     number = local[storage] = len(local)
                 append(number)
-            writes = record.writes
-            if writes:
-                append("w")
-                for storage in writes:
-                    number = get(storage)
-                    if number is None:
-                        number = local[storage] = len(local)
-                    append(number)
-            append("r")
+            for storage in record.writes:
+                number = get(storage)
+                if number is None:
+                    number = local[storage] = len(local)
+                append(number)
             tensors = outputs[index]
             single = tensors if type(tensors) is ref else None
             position = 0
@@ -178,7 +181,7 @@ class AdaptiveSink:
         escaping = set()
         at = 0
         for index, record in enumerate(records):
-            at += 2 + len(record.reads) + (1 + len(record.writes) if record.writes else 0)  # id .. "r"
+            at += 1 + len(record.reads) + len(record.writes)  # the id, reads, writes
             for position in range(len(record.results)):
                 number = key[at]
                 if number is not None and number < 0:

@@ -102,6 +102,10 @@ def _out_of_memory(nbytes: int) -> torch.OutOfMemoryError:
     )
 
 
+# ``DeviceStorage.views`` of a pending output no view has been taken of yet (empty, falsy)
+TRACKING = ()
+
+
 class DeviceStorage:
     """One device allocation. ``data`` is its CPU backing tensor, or None until needed."""
 
@@ -155,13 +159,16 @@ class DeviceStorage:
 
     def add_view(self, tensor) -> None:
         """Remember a view tensor over this storage while the storage is the pending output
-        of an adaptive window (``views`` is a list then): while a view is alive at the
-        flush, fusion must write the storage back. Other storages keep no weak references,
-        which would stop ``torch.utils.swap_tensors`` (``module.to``) from swapping them."""
+        of an adaptive window (``views`` is ``TRACKING``, then a list): while a view is
+        alive at the flush, fusion must write the storage back. Other storages keep no weak
+        references, which would stop ``torch.utils.swap_tensors`` (``module.to``) from
+        swapping them."""
         views = self.views
         if views is None:
             return
-        if len(views) >= 8:
+        if views is TRACKING:
+            views = self.views = []
+        elif len(views) >= 8:
             views[:] = [ref for ref in views if ref() is not None]
         views.append(weakref.ref(tensor))
 
