@@ -1,6 +1,7 @@
 """The pattern library: each hand-written chain runs as one library kernel, gives the CPU's
 numbers on the unfused code (within the tolerance fusion/patterns.py documents), and does
 not apply when it would not be exactly right."""
+import copy
 import math
 import os
 import sys
@@ -392,3 +393,34 @@ def test_rotary_not_matched_when_the_rotated_copy_escapes():
     assert_same(out, q * cos + rotate_half(q) * sin, rtol=1e-6, atol=1e-6)
     assert patterns() == {}
     assert_same(rotated, rotate_half(q))
+
+
+# -- real models, forward and backward -----------------------------------------------------
+
+
+def _forward_backward(model, tokens):
+    logits = model(tokens)
+    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), tokens.reshape(-1))
+    loss.backward()
+    return loss.detach(), {name: p.grad for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt"])
+def test_decoder_blocks_written_as_hugging_face_writes_them(name):
+    """Llama (RMSNorm, rotary, SiLU-gated MLP, eager attention) and GPT-2 (LayerNorm,
+    masked_fill attention, tanh GELU): loss and every gradient as on the CPU, with the
+    library kernels matched in the training step."""
+    from bench.workloads import GPT, Llama
+
+    torch.manual_seed(0)
+    model = Llama(dim=64, heads=4, hidden=160, layers=1) if name == "llama" else GPT(dim=64, heads=4, layers=1, seq=16)
+    device_model = copy.deepcopy(model).to("neuron")
+    tokens = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    (device_tokens,) = on_device(tokens)
+    loss, grads = _forward_backward(model, tokens)
+    device_loss, device_grads = _forward_backward(device_model, device_tokens)
+    assert_same(device_loss, loss, rtol=1e-5, atol=1e-5)
+    for key, grad in grads.items():
+        assert_same(device_grads[key], grad, rtol=1e-4, atol=1e-5)
+    expected = {"rms_norm", "rotary", "attention"} if name == "llama" else {"attention"}
+    assert expected <= set(patterns())
