@@ -24,8 +24,7 @@ Tolerances against the unfused ops, each checked by a test (``tests/test_pattern
 - GELU, SiLU: 1e-6 (one fused expression instead of rounding after each op);
 - RMSNorm, layer norm: 1e-5 (the variance is accumulated in one pass);
 - linear + bias: 1e-6 (addmm adds the bias inside the GEMM);
-- attention: 1e-5 (SDPA accumulates the softmax in another order; in training the math
-  implementation scales q and k by sqrt(scale) each, not the scores once);
+- attention: exact (the same ops, with the scores scaled, masked and normalized in place);
 - rotary: 1e-6 (the rotated half is added with addcmul, one rounding less).
 """
 from __future__ import annotations
@@ -447,9 +446,9 @@ def match_linear_bias(ctx: Context, root: int):
 
 def match_attention(ctx: Context, root: int):
     """Attention written by hand, as matmul lowers it: bmm(q, k^T), times (or divided by) a
-    scale, an optional additive mask or masked_fill(mask, -inf), softmax over the last dim,
-    bmm with v -> scaled_dot_product_attention. In training the softmax output is kept for
-    backward: the math implementation writes it back too."""
+    scale, an optional additive or masked_fill(mask, -inf) mask, softmax over the last dim,
+    bmm with v -> one kernel that scales, masks and normalizes the scores in place. In
+    training the softmax output is kept for backward: the kernel writes it back too."""
     if ctx.name(root) != "aten::bmm":
         return None
     probs = ctx.source_reshaped(root, 0, "aten::_softmax")
@@ -472,14 +471,15 @@ def match_attention(ctx: Context, root: int):
     if scaled is None or ctx.name(scaled) not in ("aten::mul", "aten::div"):
         return None
     factor = ctx.arg(scaled, 1)
-    if type(factor) is not float or factor == 0.0:
+    if type(factor) is not float:
         return None
     scores = ctx.source_reshaped(scaled, 0, "aten::bmm")
     if scores is None or ctx.records[scaled].results[0].shape != shape:
         return None
     batch, heads = shape[0], shape[1]
-    if ctx.records[scores].results[0].shape[0] != batch * heads:
-        return None
+    dtype = ctx.records[scores].results[0].dtype
+    if ctx.records[scores].results[0].shape[0] != batch * heads or ctx.records[before].results[0].dtype != dtype:
+        return None  # (in place, a mask of a wider dtype could not promote the scores)
     mask = ctx.arg(before, 1) if masking else None
     if masking and type(mask) not in (DeviceStorage, ViewRef):
         return None
@@ -492,33 +492,35 @@ def match_attention(ctx: Context, root: int):
     return Match(
         "attention", chain + [probs, root], _attention if masking else _attention_unmasked, inputs,
         [(root, 0)] + ([(probs, 0)] if export else []), checks,
-        constants={"scale": factor if ctx.name(scaled) == "aten::mul" else 1.0 / factor, "batch": batch,
-                   "heads": heads, "negate": masking == "fill", "export": export},
+        constants={"factor": factor, "divide": ctx.name(scaled) == "aten::div", "batch": batch, "heads": heads,
+                   "fill": masking == "fill", "export": export},
     )
 
 
-def _attention(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], scale: float,
-               batch: int, heads: int, negate: bool, export: bool) -> List[torch.Tensor]:
-    q4 = q.reshape(batch, heads, q.size(1), q.size(2))
-    k4 = kt.transpose(1, 2).reshape(batch, heads, kt.size(2), kt.size(1))
-    v4 = v.reshape(batch, heads, v.size(1), v.size(2))
-    attn_mask = mask
-    if mask is not None and negate:  # masked_fill's mask says what to drop; SDPA's, what to keep
-        if export:  # the math implementation takes additive masks only
-            attn_mask = torch.zeros(mask.size(), dtype=q.dtype).masked_fill(mask, float("-inf"))
+def _attention(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], factor: float,
+               divide: bool, batch: int, heads: int, fill: bool, export: bool) -> List[torch.Tensor]:
+    """The hand-written ops themselves, with the scores scaled, masked and normalized in
+    place: bit-identical to them, with two buffers fewer. (scaled_dot_product_attention
+    measured 1.6-2x slower than the chain on this CPU, so it is not the library kernel.)"""
+    scores = torch.bmm(q, kt)
+    if divide:
+        scores.div_(factor)
+    else:
+        scores.mul_(factor)
+    scores4 = scores.view(batch, heads, scores.size(1), scores.size(2))
+    if mask is not None:
+        if fill:
+            scores4.masked_fill_(mask, float("-inf"))
         else:
-            attn_mask = mask.logical_not()
-    if export:
-        out, weights = torch.ops.aten._scaled_dot_product_attention_math(q4, k4, v4, attn_mask, 0.0, False, None,
-                                                                         scale=scale)
-        return [out.reshape(q.size(0), q.size(1), v.size(2)), weights]
-    out = torch.ops.aten.scaled_dot_product_attention(q4, k4, v4, attn_mask, 0.0, False, scale=scale)
-    return [out.reshape(q.size(0), q.size(1), v.size(2))]
+            scores4.add_(mask)
+    probs = torch._softmax(scores4, -1, False)
+    out = torch.bmm(probs.view(scores.size(0), scores.size(1), scores.size(2)), v)
+    return [out, probs] if export else [out]
 
 
-def _attention_unmasked(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, scale: float, batch: int, heads: int,
-                        negate: bool, export: bool) -> List[torch.Tensor]:
-    return _attention(q, kt, v, None, scale, batch, heads, negate, export)
+def _attention_unmasked(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, factor: float, divide: bool, batch: int,
+                        heads: int, fill: bool, export: bool) -> List[torch.Tensor]:
+    return _attention(q, kt, v, None, factor, divide, batch, heads, fill, export)
 
 
 def _place(ref):
@@ -579,7 +581,7 @@ def _addmm(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> List[to
 
 # (pattern name, matcher, one-line comment): the table, tried from each window's end.
 PATTERNS = [
-    ("attention", match_attention, "q @ k^T * scale (+ mask), softmax, @ v -> scaled_dot_product_attention"),
+    ("attention", match_attention, "q @ k^T * scale (+ mask), softmax, @ v -> one kernel, scores updated in place"),
     ("rotary", match_rotary, "x * cos + cat(-x2, x1) * sin: rotary embedding without the rotated copy"),
     ("softmax", match_softmax, "exp(x - amax) / sum(exp): the max-subtracted softmax, one kernel"),
     ("log_softmax", match_log_softmax, "x - amax - log(sum(exp)): log-softmax, one kernel"),

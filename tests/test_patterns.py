@@ -288,7 +288,8 @@ def test_attention_written_out_is_scaled_dot_product_attention(masking):
     adaptive_eager.reset_stats()
     with torch.no_grad():
         out = eager_attention(dq, dk, dv, device_mask, fill=device_fill)
-        assert_same(out, eager_attention(q, k, v, mask, fill=fill), rtol=1e-5, atol=1e-6)
+        # the same ops, the scores updated in place: bit for bit the CPU's
+        assert_same(out, eager_attention(q, k, v, mask, fill=fill), rtol=0, atol=0)
     assert patterns()["attention"] == {"matched": 1, "ops": 4 if masking == "none" else 5}
     assert adaptive_eager.stats()["kernels_launched"] == 1
 
@@ -307,7 +308,7 @@ def test_attention_in_training_writes_back_the_weights_backward_needs(masking):
     eager_attention(*device_leaves, device_mask, fill=device_fill).pow(2).sum().backward()
     eager_attention(*leaves, mask, fill=fill).pow(2).sum().backward()
     for device_leaf, leaf in zip(device_leaves, leaves):
-        assert_same(device_leaf.grad, leaf.grad, rtol=1e-5, atol=1e-5)
+        assert_same(device_leaf.grad, leaf.grad, rtol=0, atol=0)
     assert patterns()["attention"]["matched"] == 1
 
 
