@@ -425,3 +425,38 @@ def test_decoder_blocks_written_as_hugging_face_writes_them(name):
         assert_same(device_grads[key], grad, rtol=1e-4, atol=1e-5)
     expected = {"rms_norm", "rotary", "attention"} if name == "llama" else {"attention"}
     assert expected <= set(patterns())
+
+
+# -- optimizer steps across parameters ------------------------------------------------------
+
+
+@pytest.mark.parametrize("foreach", [True, False])
+@pytest.mark.parametrize("make", [
+    lambda ps, fe: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, foreach=fe),
+    lambda ps, fe: torch.optim.Adam(ps, lr=1e-2, amsgrad=True, maximize=True, foreach=fe),
+    lambda ps, fe: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, nesterov=True, weight_decay=0.01, foreach=fe),
+], ids=["adamw", "adam_amsgrad_maximize", "sgd_nesterov"])
+def test_optimizer_step_over_all_parameters_is_one_launch(make, foreach):
+    """Every parameter's update in one multi-tensor launch: the foreach chain fused, or
+    the single-tensor chains fused horizontally. The optimizer's own ops run, so bias
+    correction, weight decay, maximize and amsgrad are its own: exact against the CPU.
+    (Multi-tensor ops are opaque to the loop rules: the on-chip rule, on by default,
+    fuses them.)"""
+    _adaptive_sink().policy.on_chip_bytes = 24 << 20
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(8, 4), (4,), (3, 5), (16,)]
+    params = [torch.nn.Parameter(torch.randn(*s, generator=generator)) for s in shapes]
+    device_params = [torch.nn.Parameter(p.detach().to("neuron")) for p in params]
+    optimizer, device_optimizer = make(params, foreach), make(device_params, foreach)
+    for step in range(3):
+        for p, dp in zip(params, device_params):
+            p.grad = torch.randn(p.shape, generator=generator)
+            dp.grad = p.grad.to("neuron")
+        torch.neuron.synchronize()
+        adaptive_eager.reset_stats()
+        optimizer.step()
+        device_optimizer.step()
+        for p, dp in zip(params, device_params):
+            assert_same(dp.detach(), p.detach(), rtol=0, atol=0)
+        if step:  # past the first step's state initialization
+            assert adaptive_eager.stats()["kernels_launched"] == 1
