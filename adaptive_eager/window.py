@@ -34,6 +34,7 @@ from .device.storage import TRACKING
 from .fusion.caches import CountingLRU
 from .fusion.categories import BARRIER, category
 from .fusion.kernels import FAILED_SIGNATURES, KernelCache, WindowLaunches
+from .fusion.patterns import checks_pass
 from .fusion.planner import plan_window
 from .statistics import FUSION
 
@@ -202,8 +203,9 @@ class AdaptiveSink:
             FUSION.ops_fused += totals[1]
             FUSION.bytes_saved += totals[2]
             FUSION.dead_intermediates += totals[3]
-            for name, ops in totals[4]:
-                FUSION.pattern(name, ops)
+            for name, ops, checks in totals[4]:  # a launch whose constants differ runs the ops
+                if not checks or checks_pass(checks, records):
+                    FUSION.pattern(name, ops)
 
     @staticmethod
     def _launch_single(record) -> None:

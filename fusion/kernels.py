@@ -299,7 +299,7 @@ class FusedKernel:
         skipped: set = set()
         if library:
             for pattern in spec.patterns:
-                if not pattern.checks or checks_pass(pattern, records):
+                if not pattern.checks or checks_pass(pattern.checks, records):
                     at_root[pattern.root] = pattern
                     skipped.update(pattern.members[:-1])
         failed = False
@@ -373,7 +373,7 @@ class FusedKernel:
         that fails) when it raises; it writes nothing in place, so replaying is safe."""
         records = self.records
         for pattern in self.spec.patterns:  # its library kernels' constants, as matched?
-            if pattern.checks and not checks_pass(pattern, records):
+            if pattern.checks and not checks_pass(pattern.checks, records):
                 return False
         try:
             values = compiled.run(records)

@@ -611,14 +611,20 @@ def find_patterns(records, escapes) -> tuple[list, dict]:
                 continue
             if ctx.claimed.intersection(found.members):
                 continue
+            if found.checks and not checks_pass(found.checks, records):
+                reason = f"pattern {name}: other constants"
+                refusals[reason] = refusals.get(reason, 0) + 1
+                continue
             ctx.claimed.update(found.members)
             matches.append(found)
             break
     return matches, refusals
 
 
-def checks_pass(spec: PatternSpec, records) -> bool:
-    for offset, index, value in spec.checks:
+def checks_pass(checks, records) -> bool:
+    """Do the records hold the constants a match depends on? ``checks`` are
+    ``(record index, arg index, value)``."""
+    for offset, index, value in checks:
         args = records[offset].args
         actual = args[index] if index < len(args) else None
         if not isinstance(actual, (int, float)) or not math.isclose(actual, value, rel_tol=1e-12, abs_tol=0.0):

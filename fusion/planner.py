@@ -200,7 +200,12 @@ class Plan:
             sum(spec.ops for spec in fused),
             sum(spec.bytes_saved for spec in fused),
             sum(len(spec.dead) for spec in fused),
-            tuple((pattern.name, len(pattern.members)) for spec in fused for pattern in spec.patterns),
+            # per library kernel: its name, its ops, and its constant checks by window position
+            tuple(
+                (pattern.name, len(pattern.members), tuple((members[o], a, v) for o, a, v in pattern.checks))
+                for members, spec in self.launches if spec is not None
+                for pattern in spec.patterns
+            ),
         )
 
 

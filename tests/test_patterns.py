@@ -460,3 +460,56 @@ def test_optimizer_step_over_all_parameters_is_one_launch(make, foreach):
             assert_same(dp.detach(), p.detach(), rtol=0, atol=0)
         if step:  # past the first step's state initialization
             assert adaptive_eager.stats()["kernels_launched"] == 1
+
+
+# -- more negative tests: one per remaining pattern -----------------------------------------
+
+
+def test_log_softmax_not_matched_when_the_shifted_input_escapes():
+    x = torch.randn(4, 8)
+    (d,) = on_device(x)
+    shifted = d - d.amax(-1, keepdim=True)  # the user keeps it
+    out = shifted - torch.log(torch.exp(shifted).sum(-1, keepdim=True))
+    assert_same(out, torch.log_softmax(x, -1), rtol=1e-5, atol=1e-6)
+    assert patterns() == {}
+    assert_same(shifted, x - x.amax(-1, keepdim=True))
+
+
+def test_gelu_erf_with_another_divisor_is_not_gelu():
+    """x * 0.5 * (1 + erf(x / 2)) has GELU's shape but not its constant."""
+    x = torch.randn(32)
+    (d,) = on_device(x)
+    assert_same(d * 0.5 * (1.0 + torch.erf(d / 2.0)), x * 0.5 * (1.0 + torch.erf(x / 2.0)), rtol=1e-6, atol=1e-7)
+    assert patterns() == {}
+    assert adaptive_eager.stats()["refusals"].get("pattern gelu_erf: other constants") == 1
+
+
+def test_gelu_constants_are_checked_at_every_launch():
+    """Windows of the same structure share a plan; a launch with another constant runs the
+    ops, and the statistics count only the launches that ran the library kernel."""
+    x = torch.randn(32)
+    (d,) = on_device(x)
+    assert_same(d * 0.5 * (1.0 + torch.erf(d / math.sqrt(2.0))), F.gelu(x), rtol=1e-6, atol=1e-7)
+    assert_same(d * 0.5 * (1.0 + torch.erf(d / 2.0)), x * 0.5 * (1.0 + torch.erf(x / 2.0)), rtol=1e-6, atol=1e-7)
+    assert patterns() == {"gelu_erf": {"matched": 1, "ops": 5}}
+
+
+def test_layer_norm_with_the_unbiased_variance_is_not_layer_norm():
+    x, w, b = torch.randn(6, 16), torch.randn(16), torch.randn(16)
+    dx, dw, db = on_device(x, w, b)
+
+    def unbiased(x, w, b):
+        return (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True) + 1e-5) * w + b
+
+    assert_same(unbiased(dx, dw, db), unbiased(x, w, b), rtol=1e-5, atol=1e-5)
+    assert patterns() == {}
+
+
+def test_linear_bias_not_matched_when_the_product_is_used_twice():
+    x, w, b = torch.randn(8, 16), torch.randn(16, 4), torch.randn(4)
+    dx, dw, db = on_device(x, w, b)
+    product = dx @ dw
+    out = product + db + product.sum()  # the product has a second reader
+    del product
+    assert_same(out, x @ w + b + (x @ w).sum(), rtol=1e-5, atol=1e-5)
+    assert "linear_bias" not in patterns()
