@@ -111,9 +111,8 @@ def _overwritten(record) -> set:
 class _Writer:
     """Writes one fused kernel's records as the body of a TorchScript function."""
 
-    def __init__(self, records, dead) -> None:
+    def __init__(self, records) -> None:
         self.records = records
-        self.dead = dead
         self.names: dict = {}  # storage produced inside the kernel -> its variable
         self.touched: set = set()  # storages earlier ops read or wrote
         self.overwritten: set = set()  # outside storages overwritten whole here (replay-safe)
@@ -247,7 +246,7 @@ def _scripted(function):
 
 def build(records, spec) -> CompiledKernel | None:
     """Compile a fused kernel's ops (see the module docstring); None when it cannot be."""
-    writer = _Writer(records, spec.dead)
+    writer = _Writer(records)
     at_root = {pattern.root: pattern for pattern in spec.patterns}
     skipped = {offset for pattern in spec.patterns for offset in pattern.members[:-1]}
     try:

@@ -387,6 +387,9 @@ class FusedKernel:
         """Build the hot kernel, run it beside the op-by-op run of this same launch, and
         keep it only if its outputs are bit-identical (``fusion.compiled``)."""
         spec = self.spec
+        if any(pattern.checks and not checks_pass(pattern.checks, self.records) for pattern in spec.patterns):
+            self._run_ops(queue)  # its library kernels' constants differ this time: build later
+            return
         compiled = compiled_kernels.build(self.records, spec)
         values = None
         if compiled is not None:
