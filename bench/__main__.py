@@ -117,7 +117,7 @@ def main(argv=None) -> int:
             done += 1
             print(f"[{done}/{total}] {workload} / {mode} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
             timeout = 1800 if mode == "compile" else 600
-            results[workload][mode] = run_one(workload, mode, steps, 1 if args.quick else 2, timeout)
+            results[workload][mode] = run_one(workload, mode, steps, 2, timeout)
         with open(os.path.join(RESULTS, f"{workload}.json"), "w") as handle:
             json.dump({"workload": workload, "description": spec.description, "results": results[workload]}, handle, indent=2)
     if args.json:
