@@ -34,7 +34,7 @@ from .device.storage import TRACKING
 from .fusion.caches import CountingLRU
 from .fusion.categories import BARRIER, category
 from .fusion.kernels import FAILED_SIGNATURES, KernelCache, WindowLaunches
-from .fusion.patterns import checks_pass
+from .fusion.matching import checks_pass
 from .fusion.planner import plan_window
 from .statistics import FUSION
 

@@ -29,7 +29,7 @@ from adaptive_eager.device.kernel import flatten_results, resolve
 
 from . import compiled as compiled_kernels
 from .caches import CountingLRU
-from .patterns import checks_pass
+from .matching import checks_pass
 
 LOG = logging.getLogger("adaptive_eager.fusion")
 

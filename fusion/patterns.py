@@ -1,7 +1,7 @@
 """The pattern library: op chains users write by hand, run as one library kernel.
 
-Entry points: :data:`PATTERNS` (the table), :func:`find_patterns` (window -> matches) and
-:class:`PatternSpec` (a match inside a fused kernel, by offsets, as the kernel carries it).
+Entry points: :data:`PATTERNS` (the table) and :func:`find_patterns` (window -> matches).
+What matchers ask of a window, and what a match is, live in ``fusion/matching.py``.
 
 Each table entry is a matcher, rooted at the last op of its chain, with the ATen kernel
 that replaces the chain and a one-line comment. A match applies only when it is exactly
@@ -36,162 +36,7 @@ import torch
 
 from adaptive_eager.device.storage import DeviceStorage, ViewRef
 
-
-
-
-class PatternSpec:
-    """A matched chain inside a fused kernel, by offsets within the kernel's members."""
-
-    __slots__ = ("name", "impl", "members", "root", "inputs", "outputs", "checks", "constants")
-
-    def __init__(self, name, impl, members, inputs, outputs, checks, constants) -> None:
-        self.name = name
-        # (*input tensors, **constants) -> [output tensors]; TorchScript-able, so that a
-        # built kernel (fusion/compiled.py) can call it
-        self.impl = impl
-        self.members = members  # offsets of the chain's ops, in program order
-        self.root = members[-1]  # where the library kernel runs: the chain's last op
-        self.inputs = inputs  # ((offset, arg index), ...) of the input references
-        self.outputs = outputs  # ((offset, result index), ...) the kernel writes
-        self.checks = checks  # ((offset, arg index, value), ...) re-checked at launch
-        self.constants = constants  # keyword arguments of impl
-
-
-class Match:
-    """A matched chain, by window positions (the planner places it in a kernel)."""
-
-    __slots__ = ("name", "members", "impl", "inputs", "outputs", "checks", "constants")
-
-    def __init__(self, name, members, impl, inputs, outputs, checks=(), constants=None) -> None:
-        self.name = name
-        self.members = tuple(sorted(set(members)))
-        self.impl = impl
-        self.inputs = tuple(inputs)
-        self.outputs = tuple(outputs)
-        self.checks = tuple(checks)
-        self.constants = constants or {}
-
-    def spec(self, kernel_members) -> PatternSpec:
-        """This match inside the kernel whose window positions are ``kernel_members``."""
-        offset = {position: index for index, position in enumerate(kernel_members)}
-        return PatternSpec(
-            self.name,
-            self.impl,
-            tuple(offset[p] for p in self.members),
-            tuple((offset[p], a) for p, a in self.inputs),
-            tuple((offset[p], r) for p, r in self.outputs),
-            tuple((offset[p], a, v) for p, a, v in self.checks),
-            self.constants,
-        )
-
-
-class Context:
-    """What matchers ask about a window."""
-
-    def __init__(self, records, escapes) -> None:
-        self.records = records
-        self.escapes = escapes
-        self.producer: dict = {}  # storage -> (position, result index)
-        self.readers: dict = {}  # storage -> [positions reading it, with repeats]
-        self.written: set = set()  # storages written in place in the window
-        for position, record in enumerate(records):
-            for storage in record.reads:
-                self.readers.setdefault(storage, []).append(position)
-            for storage in record.writes:
-                self.written.add(storage)
-            for index, storage in enumerate(record.results):
-                if storage is not None:
-                    self.producer[storage] = (position, index)
-        self.claimed: set = set()
-
-    def name(self, position: int) -> str:
-        return self.records[position].op._schema.name
-
-    def arg(self, position: int, index: int, default=None):
-        args = self.records[position].args
-        return args[index] if index < len(args) else default
-
-    def source(self, position: int, index: int, op_name: str | None = None):
-        """Position of the record whose (whole, first) output is argument ``index`` of the
-        record at ``position``, if it is produced in this window (by ``op_name``)."""
-        ref = self.arg(position, index)
-        if type(ref) is not DeviceStorage:
-            return None
-        produced = self.producer.get(ref)
-        if produced is None or produced[1] != 0 or produced[0] in self.claimed:
-            return None
-        if op_name is not None and self.name(produced[0]) != op_name:
-            return None
-        return produced[0]
-
-    def source_reshaped(self, position: int, index: int, op_name: str | None = None):
-        """As :meth:`source`, seeing through a view that only reshapes the whole output
-        (matmul's ``expand``/``reshape``/``_unsafe_view`` around ``bmm``)."""
-        ref = self.arg(position, index)
-        if type(ref) is ViewRef:
-            storage = ref.storage
-            if ref.offset != 0 or _numel(ref.shape) != _numel(storage.shape) or not (
-                _contiguous(ref.shape, ref.stride) and _contiguous(storage.shape, storage.stride)
-            ):
-                return None
-        elif type(ref) is DeviceStorage:
-            storage = ref
-        else:
-            return None
-        produced = self.producer.get(storage)
-        if produced is None or produced[1] != 0 or produced[0] in self.claimed:
-            return None
-        if op_name is not None and self.name(produced[0]) != op_name:
-            return None
-        return produced[0]
-
-    def private(self, position: int, readers: int) -> bool:
-        """Is the output of ``position`` an intermediate the chain owns: read exactly
-        ``readers`` times in the window, never written in place, not escaping, not viewed?"""
-        storage = self.records[position].results[0]
-        if storage is None or storage in self.written or storage.pinned or self.escapes(position, 0):
-            return False
-        return len(self.readers.get(storage, ())) == readers
-
-    def exportable(self, position: int, readers: int, root: int) -> bool:
-        """May the chain ending at ``root`` own the output of ``position`` while it is
-        needed after the chain (it escapes, or ops after ``root`` read it): read exactly
-        ``readers`` times up to ``root``, never written in place, not pinned? The library
-        kernel then writes it back too (autograd keeps such values for backward)."""
-        storage = self.records[position].results[0]
-        if storage is None or storage in self.written or storage.pinned:
-            return False
-        return sum(1 for reader in self.readers.get(storage, ()) if reader <= root) == readers
-
-    def needed_after(self, position: int, root: int) -> bool:
-        """Is the output of ``position`` needed after the chain ending at ``root``?"""
-        storage = self.records[position].results[0]
-        return self.escapes(position, 0) or any(reader > root for reader in self.readers.get(storage, ()))
-
-    def same(self, a: int, ai: int, b: int, bi: int) -> bool:
-        return self.arg(a, ai) is self.arg(b, bi)
-
-
-def _numel(shape) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
-
-
-def _contiguous(shape, stride) -> bool:
-    expected = 1
-    for size, step in zip(reversed(shape), reversed(stride)):
-        if size != 1 and step != expected:
-            return False
-        expected *= size
-    return True
-
-
-def _dims(value):
-    if isinstance(value, int):
-        return (value,)
-    return tuple(value) if value is not None else None
+from .matching import Context, Match, checks_pass, dims_of
 
 
 # -- matchers ---------------------------------------------------------------------------
@@ -200,7 +45,7 @@ def _dims(value):
 def _max_shifted(ctx: Context, shifted: int, dims) -> int | None:
     """Position of ``amax(x, dims, keepdim=True)`` when ``shifted`` is ``x - that``."""
     peak = ctx.source(shifted, 1, "aten::amax")
-    if peak is None or not ctx.same(shifted, 0, peak, 0) or _dims(ctx.arg(peak, 1)) != dims:
+    if peak is None or not ctx.same(shifted, 0, peak, 0) or dims_of(ctx.arg(peak, 1)) != dims:
         return None
     return peak if ctx.arg(peak, 2) is True else None
 
@@ -214,7 +59,7 @@ def match_softmax(ctx: Context, root: int):
     if exp is None or total is None or ctx.source(total, 0) != exp:
         return None
     shifted = ctx.source(exp, 0, "aten::sub")
-    dims = _dims(ctx.arg(total, 1))
+    dims = dims_of(ctx.arg(total, 1))
     if shifted is None or dims is None or len(dims) != 1 or ctx.arg(total, 2) is not True:
         return None
     peak = _max_shifted(ctx, shifted, dims)
@@ -241,7 +86,7 @@ def match_log_softmax(ctx: Context, root: int):
     exp = ctx.source(total, 0, "aten::exp") if total is not None else None
     if exp is None or ctx.source(exp, 0) != shifted:
         return None
-    dims = _dims(ctx.arg(total, 1))
+    dims = dims_of(ctx.arg(total, 1))
     if dims is None or len(dims) != 1 or ctx.arg(total, 2) is not True:
         return None
     peak = _max_shifted(ctx, shifted, dims)
@@ -354,7 +199,7 @@ def match_rms_norm(ctx: Context, root: int):
     square = ctx.source(mean, 0, "aten::pow") if mean is not None else None
     if square is None or ctx.arg(square, 1) != 2 or not ctx.same(square, 0, normed, 0):
         return None
-    if _dims(ctx.arg(mean, 1)) not in ((-1,),) or ctx.arg(mean, 2) is not True:
+    if dims_of(ctx.arg(mean, 1)) not in ((-1,),) or ctx.arg(mean, 2) is not True:
         return None
     eps = ctx.arg(plus_eps, 1)
     if not isinstance(eps, float):
@@ -403,7 +248,7 @@ def match_layer_norm(ctx: Context, root: int):
     mean = ctx.source(centered, 1, "aten::mean") if centered is not None else None
     if var is None or mean is None or not (ctx.same(centered, 0, mean, 0) and ctx.same(var, 0, mean, 0)):
         return None
-    if _dims(ctx.arg(mean, 1)) != (-1,) or ctx.arg(mean, 2) is not True or _dims(ctx.arg(var, 1)) != (-1,):
+    if dims_of(ctx.arg(mean, 1)) != (-1,) or ctx.arg(mean, 2) is not True or dims_of(ctx.arg(var, 1)) != (-1,):
         return None
     var_kwargs = ctx.records[var].kwargs
     if var_kwargs.get("correction") != 0 or var_kwargs.get("keepdim") is not True:
@@ -547,10 +392,9 @@ def match_rotary(ctx: Context, root: int):
     parts = ctx.arg(joined, 0)
     if not isinstance(parts, (list, tuple)) or len(parts) != 2 or type(parts[0]) is not DeviceStorage:
         return None
-    negated = ctx.producer.get(parts[0])
-    if negated is None or negated[1] != 0 or negated[0] in ctx.claimed or ctx.name(negated[0]) != "aten::neg":
+    negated = ctx.producer_of(parts[0], "aten::neg")
+    if negated is None:
         return None
-    negated = negated[0]
     x, first, second = _place(ctx.arg(direct, 0)), _place(parts[1]), _place(ctx.arg(negated, 0))
     if x is None or first is None or second is None:
         return None
@@ -619,14 +463,3 @@ def find_patterns(records, escapes) -> tuple[list, dict]:
             matches.append(found)
             break
     return matches, refusals
-
-
-def checks_pass(checks, records) -> bool:
-    """Do the records hold the constants a match depends on? ``checks`` are
-    ``(record index, arg index, value)``."""
-    for offset, index, value in checks:
-        args = records[offset].args
-        actual = args[index] if index < len(args) else None
-        if not isinstance(actual, (int, float)) or not math.isclose(actual, value, rel_tol=1e-12, abs_tol=0.0):
-            return False
-    return True

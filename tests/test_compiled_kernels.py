@@ -12,22 +12,13 @@ import torch
 
 import adaptive_eager
 from adaptive_eager.fusion import compiled
-from adaptive_eager.mode import _adaptive_sink
+from conftest import windows_at_sync_points
 
 
 @pytest.fixture(autouse=True)
 def one_window(adaptive_mode):
     """Each loop iteration is one window, flushed at its sync point; fresh caches."""
-    sink = _adaptive_sink()
-    policy = sink.policy
-    saved = (policy.min_ops, policy.max_ops)
-    policy.min_ops, policy.max_ops = 10**6, 10**6
-    sink.plan_cache.clear()
-    sink.kernel_cache.clear()
-    yield
-    policy.min_ops, policy.max_ops = saved
-    sink.plan_cache.clear()
-    sink.kernel_cache.clear()
+    yield from windows_at_sync_points()
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import adaptive_eager
 from adaptive_eager.fusion.graph import would_create_cycle
 from adaptive_eager.mode import _adaptive_sink
-from conftest import assert_same
+from conftest import assert_same, windows_at_sync_points
 
 
 @pytest.fixture(autouse=True)
@@ -18,13 +18,7 @@ def one_window(adaptive_mode):
     """Adaptive eager, with the window flushed only at sync points: each test's ops form
     one window, so its kernel count depends on the fusion rules alone. The loop rules are
     tested on their own (on-chip fusion off), the on-chip rule at the end."""
-    policy = _adaptive_sink().policy
-    saved = (policy.min_ops, policy.max_ops, policy.on_chip_bytes)
-    policy.min_ops, policy.max_ops, policy.on_chip_bytes = 10**6, 10**6, 0
-    _adaptive_sink().plan_cache.clear()
-    yield
-    policy.min_ops, policy.max_ops, policy.on_chip_bytes = saved
-    _adaptive_sink().plan_cache.clear()
+    yield from windows_at_sync_points(on_chip_bytes=0)
 
 
 def device(*tensors):

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import adaptive_eager
 from adaptive_eager.mode import _adaptive_sink
-from conftest import assert_same
+from conftest import assert_same, windows_at_sync_points
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.workloads import LlamaRMSNorm, apply_rotary_pos_emb, rotate_half  # noqa: E402  (as Hugging Face writes them)
@@ -22,13 +22,7 @@ from bench.workloads import LlamaRMSNorm, apply_rotary_pos_emb, rotate_half  # n
 def one_window(adaptive_mode):
     """One window per test, flushed at the sync point; the on-chip rule off, so the only
     fusion that crosses anchors is the pattern's."""
-    policy = _adaptive_sink().policy
-    saved = (policy.min_ops, policy.max_ops, policy.on_chip_bytes, policy.patterns)
-    policy.min_ops, policy.max_ops, policy.on_chip_bytes, policy.patterns = 10**6, 10**6, 0, True
-    _adaptive_sink().plan_cache.clear()
-    yield
-    policy.min_ops, policy.max_ops, policy.on_chip_bytes, policy.patterns = saved
-    _adaptive_sink().plan_cache.clear()
+    yield from windows_at_sync_points(on_chip_bytes=0, patterns=True)
 
 
 def on_device(*tensors):
@@ -238,7 +232,6 @@ def test_library_kernel_joins_its_neighbours_under_the_on_chip_rule():
 
 def test_built_kernel_runs_its_library_kernels():
     _adaptive_sink().policy.on_chip_bytes = 24 << 20
-    _adaptive_sink().kernel_cache.clear()
     torch.manual_seed(0)
     norm = LlamaRMSNorm(32)
     device_norm = LlamaRMSNorm(32).to("neuron")

@@ -1,0 +1,174 @@
+"""The machinery of the pattern library (``fusion/patterns.py``): what a matcher asks
+about a window, what a match is, and where a matched chain sits in a kernel.
+
+Entry points: :class:`Context` (a window's data flow, for matchers), :class:`Match` (a
+matched chain by window positions), :class:`PatternSpec` (the same chain by offsets
+inside its fused kernel) and :func:`checks_pass` (are a match's constants still there).
+"""
+from __future__ import annotations
+
+import math
+
+from adaptive_eager.device.storage import DeviceStorage, ViewRef
+
+
+class PatternSpec:
+    """A matched chain inside a fused kernel, by offsets within the kernel's members."""
+
+    __slots__ = ("name", "impl", "members", "root", "inputs", "outputs", "checks", "constants")
+
+    def __init__(self, name, impl, members, inputs, outputs, checks, constants) -> None:
+        self.name = name
+        # (*input tensors, **constants) -> [output tensors]; TorchScript-able, so that a
+        # built kernel (fusion/compiled.py) can call it
+        self.impl = impl
+        self.members = members  # offsets of the chain's ops, in program order
+        self.root = members[-1]  # where the library kernel runs: the chain's last op
+        self.inputs = inputs  # ((offset, arg index), ...) of the input references
+        self.outputs = outputs  # ((offset, result index), ...) the kernel writes
+        self.checks = checks  # ((offset, arg index, value), ...) re-checked at launch
+        self.constants = constants  # keyword arguments of impl
+
+
+class Match:
+    """A matched chain, by window positions (the planner places it in a kernel)."""
+
+    __slots__ = ("name", "members", "impl", "inputs", "outputs", "checks", "constants")
+
+    def __init__(self, name, members, impl, inputs, outputs, checks=(), constants=None) -> None:
+        self.name = name
+        self.members = tuple(sorted(set(members)))
+        self.impl = impl
+        self.inputs = tuple(inputs)
+        self.outputs = tuple(outputs)
+        self.checks = tuple(checks)
+        self.constants = constants or {}
+
+    def spec(self, kernel_members) -> PatternSpec:
+        """This match inside the kernel whose window positions are ``kernel_members``."""
+        offset = {position: index for index, position in enumerate(kernel_members)}
+        return PatternSpec(
+            self.name,
+            self.impl,
+            tuple(offset[p] for p in self.members),
+            tuple((offset[p], a) for p, a in self.inputs),
+            tuple((offset[p], r) for p, r in self.outputs),
+            tuple((offset[p], a, v) for p, a, v in self.checks),
+            self.constants,
+        )
+
+
+class Context:
+    """What matchers ask about a window."""
+
+    def __init__(self, records, escapes) -> None:
+        self.records = records
+        self.escapes = escapes
+        self.producer: dict = {}  # storage -> (position, result index)
+        self.readers: dict = {}  # storage -> [positions reading it, with repeats]
+        self.written: set = set()  # storages written in place in the window
+        for position, record in enumerate(records):
+            for storage in record.reads:
+                self.readers.setdefault(storage, []).append(position)
+            for storage in record.writes:
+                self.written.add(storage)
+            for index, storage in enumerate(record.results):
+                if storage is not None:
+                    self.producer[storage] = (position, index)
+        self.claimed: set = set()
+
+    def name(self, position: int) -> str:
+        return self.records[position].op._schema.name
+
+    def arg(self, position: int, index: int, default=None):
+        args = self.records[position].args
+        return args[index] if index < len(args) else default
+
+    def producer_of(self, storage, op_name: str | None = None):
+        """Position of the unclaimed record whose first output is ``storage`` (by
+        ``op_name``), if this window produces it."""
+        produced = self.producer.get(storage)
+        if produced is None or produced[1] != 0 or produced[0] in self.claimed:
+            return None
+        if op_name is not None and self.name(produced[0]) != op_name:
+            return None
+        return produced[0]
+
+    def source(self, position: int, index: int, op_name: str | None = None):
+        """Position of the record whose (whole, first) output is argument ``index`` of the
+        record at ``position``, if it is produced in this window (by ``op_name``)."""
+        ref = self.arg(position, index)
+        return self.producer_of(ref, op_name) if type(ref) is DeviceStorage else None
+
+    def source_reshaped(self, position: int, index: int, op_name: str | None = None):
+        """As :meth:`source`, seeing through a view that only reshapes the whole output
+        (matmul's ``expand``/``reshape``/``_unsafe_view`` around ``bmm``)."""
+        ref = self.arg(position, index)
+        if type(ref) is ViewRef:
+            storage = ref.storage
+            if ref.offset != 0 or _numel(ref.shape) != _numel(storage.shape) or not (
+                _contiguous(ref.shape, ref.stride) and _contiguous(storage.shape, storage.stride)
+            ):
+                return None
+            return self.producer_of(storage, op_name)
+        return self.source(position, index, op_name)
+
+    def private(self, position: int, readers: int) -> bool:
+        """Is the output of ``position`` an intermediate the chain owns: read exactly
+        ``readers`` times in the window, never written in place, not escaping, not viewed?"""
+        storage = self.records[position].results[0]
+        if storage is None or storage in self.written or storage.pinned or self.escapes(position, 0):
+            return False
+        return len(self.readers.get(storage, ())) == readers
+
+    def exportable(self, position: int, readers: int, root: int) -> bool:
+        """May the chain ending at ``root`` own the output of ``position`` while it is
+        needed after the chain (it escapes, or ops after ``root`` read it): read exactly
+        ``readers`` times up to ``root``, never written in place, not pinned? The library
+        kernel then writes it back too (autograd keeps such values for backward)."""
+        storage = self.records[position].results[0]
+        if storage is None or storage in self.written or storage.pinned:
+            return False
+        return sum(1 for reader in self.readers.get(storage, ()) if reader <= root) == readers
+
+    def needed_after(self, position: int, root: int) -> bool:
+        """Is the output of ``position`` needed after the chain ending at ``root``?"""
+        storage = self.records[position].results[0]
+        return self.escapes(position, 0) or any(reader > root for reader in self.readers.get(storage, ()))
+
+    def same(self, a: int, ai: int, b: int, bi: int) -> bool:
+        return self.arg(a, ai) is self.arg(b, bi)
+
+
+def _numel(shape) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def _contiguous(shape, stride) -> bool:
+    expected = 1
+    for size, step in zip(reversed(shape), reversed(stride)):
+        if size != 1 and step != expected:
+            return False
+        expected *= size
+    return True
+
+
+def dims_of(value):
+    """A reduction's ``dim`` argument as a tuple (None for all dims)."""
+    if isinstance(value, int):
+        return (value,)
+    return tuple(value) if value is not None else None
+
+
+def checks_pass(checks, records) -> bool:
+    """Do the records hold the constants a match depends on? ``checks`` are
+    ``(record index, arg index, value)``."""
+    for offset, index, value in checks:
+        args = records[offset].args
+        actual = args[index] if index < len(args) else None
+        if not isinstance(actual, (int, float)) or not math.isclose(actual, value, rel_tol=1e-12, abs_tol=0.0):
+            return False
+    return True
