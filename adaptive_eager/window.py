@@ -91,9 +91,10 @@ class AdaptiveSink:
         elif count >= policy.min_ops and QUEUE.device_free_us - QUEUE.host_us <= policy.shallow_us:
             self.flush("queue_shallow")  # the device is starved (QUEUE.backlog_us(), inlined)
             records = self.records
-        for storage in record.results:
-            if storage is not None:
-                storage.views = TRACKING  # track views of it until the flush
+        if outputs:  # none given: they outlive the window (an upload's), nothing to watch
+            for storage in record.results:
+                if storage is not None:
+                    storage.views = TRACKING  # track views of it until the flush
         records.append(record)
         # Weak references: holding the outputs would change PyTorch's behaviour (autograd
         # steals a gradient buffer only when nothing else references it).
@@ -117,14 +118,17 @@ class AdaptiveSink:
         if FAILED_SIGNATURES:
             self._mark_failed_unfusable()
         key = self._structure(records, outputs, not self.policy.dead_intermediates)
-        plan = self.plan_cache.lookup(key)
+        injecting = QUEUE.faults is not None  # any op may fail: plan afresh, in program order
+        plan = None if injecting else self.plan_cache.lookup(key)
         if plan is None:
             escaping = self._escaping_in(records, key)
             plan = plan_window(
                 records, lambda index, position: (index, position) in escaping, self.unfusable,
                 self.kernel_cache, self.policy.on_chip_bytes, self.policy.patterns, self.policy.horizontal,
+                every_op_fallible=injecting,
             )
-            self.plan_cache[key] = plan
+            if not injecting:
+                self.plan_cache[key] = plan
             for reason_text, count in plan.refusals.items():
                 FUSION.refusals[reason_text] += count
         self._launch(plan, records)
@@ -191,12 +195,10 @@ class AdaptiveSink:
         return escaping
 
     def _launch(self, plan, records) -> None:
+        """Hand the window to the queue. The records belong to the device worker from
+        then on (it releases each kernel's records as it runs them), so everything the
+        host needs from them is read first."""
         stream = records[0].stream  # one window, one stream (a stream change flushes)
-        command_list = WindowLaunches(plan.launches, records, stream)
-        if QUEUE.trace is None and not torch.autograd.profiler._is_profiler_enabled:
-            QUEUE.launch_batch(command_list, plan.costs, stream)
-        else:  # the trace and the profiler see every kernel on its own
-            QUEUE.launch_batch(command_list.kernels(), plan.costs, stream)
         totals = plan.totals
         if totals[0]:
             FUSION.fused_kernels += totals[0]
@@ -206,6 +208,11 @@ class AdaptiveSink:
             for name, ops, checks in totals[4]:  # a launch whose constants differ runs the ops
                 if not checks or checks_pass(checks, records):
                     FUSION.pattern(name, ops)
+        command_list = WindowLaunches(plan.launches, records, stream)
+        if QUEUE.trace is None and not torch.autograd.profiler._is_profiler_enabled:
+            QUEUE.launch_batch(command_list, plan.costs, stream)
+        else:  # the trace and the profiler see every kernel on its own
+            QUEUE.launch_batch(command_list.kernels(), plan.costs, stream)
 
     @staticmethod
     def _launch_single(record) -> None:

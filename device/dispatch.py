@@ -36,9 +36,10 @@ CPU = torch.device("cpu")
 _Tensor = torch.Tensor
 _SCALARS = (int, float, bool)
 
-# Ops that may take CPU tensors of any rank beside neuron ones, as CUDA's indexing does.
+# Ops that may take CPU tensors of any rank beside neuron ones, as CUDA's indexing does
+# (``_to_copy`` of a host tensor is an upload, ``host_ops._upload``).
 _HOST_TENSORS_OK = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default,
-                    aten._index_put_impl_.default, aten.copy_.default}
+                    aten._index_put_impl_.default, aten.copy_.default, aten._to_copy.default}
 
 
 class DeviceMismatchError(RuntimeError):
@@ -162,12 +163,15 @@ def dispatch(func, args, kwargs):
     raise AssertionError(f"unknown op kind {kind}")
 
 
-def launch(entry, args, kwargs):
-    """Record a kernel: outputs now, computation on the queue."""
+def launch(entry, args, kwargs, escapes: bool = False):
+    """Record a kernel: outputs now, computation on the queue. ``escapes``: its outputs
+    always outlive the window (an upload's), so the adaptive window need not watch them."""
     trace = QUEUE.trace
     started = perf_counter() if trace is not None else 0.0
     if entry.rewrite is not None:
         entry = entry.rewrite
+    if entry.random and (entry.host_random or _explicit_generator(kwargs)):
+        return run_on_host(entry, args, kwargs or {}, "random_on_host")
     key, refs, kwrefs, reads, nested = _record_call(entry, args, kwargs)
     key = tuple(key)
     inference = SHAPE_CACHE.get(key)
@@ -201,16 +205,24 @@ def launch(entry, args, kwargs):
         results.append(storage)
         outputs.append(wrap_fresh(spec.shape, spec.stride, spec.dtype, storage, spec.signature))
     writes = tuple(_mutated_storages(entry, args, kwargs)) if entry.mutated else ()
+    issue = QUEUE.issued = QUEUE.issued + 1
     record = OpRecord(
         entry.op, refs, kwrefs, nested, reads, writes, results, capture_location(), inference.cost,
-        inference.key, inference.key_id, _STREAMS.current,
+        inference.key, inference.key_id, _STREAMS.current, issue,
     )
     COUNTERS.ops_recorded += 1
     QUEUE.host_us += QUEUE.host_us_per_op
     if trace is not None:
         trace.issue(record, started)
-    _sync._sink.record(record, outputs)
+    _sync._sink.record(record, () if escapes else outputs)
     return _build_return(entry, inference.structure, outputs, args, kwargs)
+
+
+def _explicit_generator(kwargs) -> bool:
+    """A caller's own generator: the host may draw from it right after this op, so the op
+    draws now, on the host, in program order (``random.py``)."""
+    generator = kwargs.get("generator") if kwargs else None
+    return generator is not None and generator is not GENERATOR
 
 
 def _resize_outputs(resized, args, kwargs):
@@ -303,8 +315,9 @@ def defer_in_backward(func, args, kwargs, error: BaseException):
         return None
     failure = getattr(error, "failure", None)  # a deferred failure a sync point re-raised
     if failure is None:
+        issue = QUEUE.issued = QUEUE.issued + 1
         failure = KernelFailure(entry.name, describe_call(entry.name, args, kwargs), capture_location(),
-                                None, error, QUEUE.submitted)
+                                None, error, QUEUE.submitted, issue)
     outputs = []
     for spec in inference.outputs:
         if spec is None:
@@ -312,6 +325,5 @@ def defer_in_backward(func, args, kwargs, error: BaseException):
             continue
         storage = DeviceStorage.poisoned(spec.shape, spec.stride, spec.dtype, failure)
         outputs.append(wrap_fresh(spec.shape, spec.stride, spec.dtype, storage, spec.signature))
-    written = list(_mutated_storages(entry, args, kwargs)) if entry.mutated else []
-    QUEUE.fail(failure, written)
+    QUEUE.fail(failure, ())  # it never ran: what it updates in place keeps its value
     return _build_return(entry, inference.structure, outputs, args, kwargs)

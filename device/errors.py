@@ -59,9 +59,9 @@ def describe_call(op_name: str, args, kwargs) -> str:
 class KernelFailure:
     """One kernel that failed on the queue, with the context captured at issue time."""
 
-    __slots__ = ("op_name", "call", "location", "kernel_name", "original", "sequence")
+    __slots__ = ("op_name", "call", "location", "kernel_name", "original", "sequence", "issue")
 
-    def __init__(self, op_name, call, location, kernel_name, original, sequence) -> None:
+    def __init__(self, op_name, call, location, kernel_name, original, sequence, issue) -> None:
         from .location import describe
 
         self.op_name = op_name  # "aten::embedding"
@@ -70,6 +70,7 @@ class KernelFailure:
         self.kernel_name = kernel_name  # fused kernel name, or None for a single op
         self.original = original  # the exception the kernel raised
         self.sequence = sequence  # launch number on the queue
+        self.issue = issue  # the failing op's place in issue order (OpRecord.issue)
 
     def summary(self) -> str:
         inside = f" inside fused kernel '{self.kernel_name}'" if self.kernel_name else ""
@@ -125,14 +126,19 @@ class PoisonedTensorError(NeuronRuntimeError):
 def poisoned_read_error(failure: KernelFailure) -> PoisonedTensorError:
     return PoisonedTensorError(
         "this neuron tensor holds no valid data: it was produced by a kernel that failed, "
-        f"or that was skipped because it read the output of one. The original failure: "
+        "or that was dropped because it was issued after a failure and before the sync "
+        f"point that raised it. The original failure: "
         f"{failure.summary()}: {type(failure.original).__name__}: {failure.original}",
         failure,
     )
 
 
 class FailureState:
-    """The earliest kernel failure not yet raised, and a count of later ones."""
+    """The earliest kernel failure not yet raised, and a count of later ones.
+
+    Earliest in issue order, not in the order the worker ran them: adaptive eager may
+    run an op issued later first, and the error raised must be the one strict eager
+    raises."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -141,9 +147,12 @@ class FailureState:
 
     def record(self, failure: KernelFailure) -> None:
         with self._lock:
-            if self.first is None:
+            first = self.first
+            if first is None:
                 self.first = failure
             else:
+                if failure.issue < first.issue:
+                    self.first = failure
                 self.later += 1
 
     def take(self) -> KernelFailure | None:

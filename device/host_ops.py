@@ -17,7 +17,7 @@ from .errors import poisoned_read_error
 from .metrics import COUNTERS
 from .op_table import op_entry
 from .queue import QUEUE
-from .random import GENERATOR
+from .random import GENERATOR, device_generator_as_default
 from .storage import DeviceStorage, storage_nbytes
 from .streams import STATE as _STREAMS
 from .tensor import NeuronTensor, cpu_view, wrap_fresh
@@ -72,21 +72,16 @@ def run_copy(entry, args, kwargs):
 
 
 def _upload(source: torch.Tensor, kwargs):
-    """``cpu_tensor.to('neuron')``: a fresh device tensor, then one copy kernel that reads
-    a snapshot of the host tensor (and converts dtype if asked)."""
+    """``cpu_tensor.to('neuron')``: one kernel that makes a fresh device tensor from a
+    snapshot of the host tensor (the host may change it meanwhile), converting the dtype
+    if asked. Its output is a result of the kernel, so an upload dropped after a failure
+    leaves a poisoned tensor, never one of uninitialized memory."""
     if source.layout != torch.strided:
         raise NotImplementedError(
             f"{source.layout} tensors are not supported on the neuron device; convert with "
             ".to_dense() first"
         )
-    meta_kwargs = dict(kwargs, device=torch.device("meta"))
-    meta = aten._to_copy.default(torch.empty_strided(source.shape, source.stride(), dtype=source.dtype, device="meta"), **meta_kwargs)
-    shape, stride = tuple(meta.shape), tuple(meta.stride())
-    storage = DeviceStorage(shape, stride, meta.dtype, storage_nbytes(shape, stride, meta.element_size()))
-    storage.materialize()  # the copy kernel writes into it
-    target = wrap_fresh(shape, stride, meta.dtype, storage, (shape, stride, meta.dtype))
-    _dispatch.launch(op_entry(aten.copy_.default), (target, source), {})
-    return target
+    return _dispatch.launch(op_entry(aten._to_copy.default), (source,), kwargs, escapes=True)
 
 
 def _histc_any_dtype(input, bins=100, min=0, max=0):
@@ -106,8 +101,9 @@ def run_on_host(entry, args, kwargs, reason):
 
     Reasons: ``host_read`` (the result is a host value), ``copy_to_host``,
     ``data_dependent`` (output shape unknown until it runs), ``fallback`` (no meta kernel:
-    the device cannot queue it) and ``meta_rejected`` (the meta kernel raised; the CPU
-    decides whether this is the user's error or a meta kernel's).
+    the device cannot queue it), ``meta_rejected`` (the meta kernel raised; the CPU
+    decides whether this is the user's error or a meta kernel's) and ``random_on_host``
+    (a random op that must draw in program order on the host, ``device/random.py``).
     """
     if reason == "fallback" and not CONFIG.fallback:
         raise NotImplementedError(
@@ -116,10 +112,14 @@ def run_on_host(entry, args, kwargs, reason):
         )
     _sync.synchronize(f"{reason}: {entry.name}" if reason in ("fallback", "data_dependent") else reason)
     host_args, host_kwargs = host_call_args(entry, args, kwargs, check_poison=True)
-    result = _ACCELERATOR_SEMANTICS.get(entry.op, entry.op)(*host_args, **host_kwargs)
+    if entry.host_random:
+        with device_generator_as_default():
+            result = entry.op(*host_args, **host_kwargs)
+    else:
+        result = _ACCELERATOR_SEMANTICS.get(entry.op, entry.op)(*host_args, **host_kwargs)
     if reason == "fallback" or reason == "meta_rejected":
         COUNTERS.fallback_ops[entry.name] += 1
-    elif reason == "data_dependent":
+    elif reason == "data_dependent" or reason == "random_on_host":
         # One blocking launch: counted and costed like any kernel, from its real sizes.
         COUNTERS.ops_recorded += 1
         written = [t for t in (result if isinstance(result, (list, tuple)) else (result,)) if isinstance(t, _Tensor)]

@@ -1,8 +1,19 @@
 """The IR record of one recorded op, and how it runs as a kernel on the device worker.
 
-Entry point: :class:`OpRecord`, one aten op as the host recorded it. In strict eager a
-record is itself one launch (``OpRecord.launch``); the adaptive runtime groups records
-into fused kernels (``fusion.kernels``) that run them back to back.
+Entry points: :class:`OpRecord`, one aten op as the host recorded it, and
+:func:`run_record`, the one place where a recorded op runs on the device worker under the
+queue's failure rules. In strict eager a record is itself one launch
+(``OpRecord.launch``); the adaptive runtime groups records into fused kernels
+(``fusion.kernels``) that call ``run_record`` for each op in turn.
+
+The failure rules (docs/ARCHITECTURE.md, "Errors"): while a failure is pending (recorded,
+not yet raised at a sync point), every op issued after the failing op is *dropped*: it
+does not run, its fresh outputs are poisoned, and what it would have updated in place
+keeps its value. An op that reads a poisoned tensor fails with an error naming the
+original failure. A failing op's outputs are poisoned; the tensors it updates in place
+keep their last good values when ATen could have written part of them before raising
+(index- and mask-driven writes: they are copied first, ``GUARDED_WRITES``), and are
+poisoned otherwise (their contents are unknown).
 
 Tensor arguments of a record are *references*: a :class:`DeviceStorage` for a whole
 allocation (resolved to its CPU backing tensor when the kernel runs, since the producer may
@@ -13,8 +24,13 @@ from __future__ import annotations
 
 import torch
 
-from .errors import KernelFailure, describe_call
+from .errors import KernelFailure, describe_call, poisoned_read_error
 from .storage import DeviceStorage, ViewRef
+
+_Tensor = torch.Tensor
+# id(op) of in-place ops that check their index or mask data while they write: a failure
+# may leave part of the target written, so the target is copied before they run
+GUARDED_WRITES: set = set()
 
 
 def resolve(value, env=None):
@@ -56,15 +72,17 @@ class OpRecord:
     - ``cost``: an ``OpCost`` from the cost model;
     - ``key``: the op and its argument metadata; ``key_id``: a small number standing for
       it (never reused), the unit of the plan cache's keys;
-    - ``location``: the user's line that issued it (raw; ``location.describe`` formats).
+    - ``location``: the user's line that issued it (raw; ``location.describe`` formats);
+    - ``issue``: its place in issue order (``ExecutionQueue.issued``), which decides which
+      failure is the earliest and which ops a failure drops, whatever the fusion.
     """
 
     __slots__ = (
         "op", "args", "kwargs", "nested", "reads", "writes", "results", "location", "cost", "key",
-        "key_id", "stream", "trace_id",
+        "key_id", "stream", "trace_id", "issue",
     )
 
-    def __init__(self, op, args, kwargs, nested, reads, writes, results, location, cost, key, key_id, stream):
+    def __init__(self, op, args, kwargs, nested, reads, writes, results, location, cost, key, key_id, stream, issue):
         self.op = op
         self.args = args
         self.kwargs = kwargs
@@ -78,6 +96,7 @@ class OpRecord:
         self.key_id = key_id
         self.stream = stream
         self.trace_id = 0  # set by the timeline (device/trace.py) while tracing
+        self.issue = issue
 
     @property
     def name(self) -> str:
@@ -104,49 +123,86 @@ class OpRecord:
             return self.op._op(*args, **{k: resolve(v, env) for k, v in kwargs.items()})
         return self.op._op(*args)
 
-    def store(self, result) -> None:
-        """Hand each output tensor to its storage (strict eager: no copy when possible)."""
-        if isinstance(result, torch.Tensor):
-            if self.results[0] is not None:
-                self.results[0].adopt(result)
-            return
-        for storage, value in zip(self.results, flatten_results(result)):
-            if storage is not None and value is not None:
-                storage.adopt(value)
-
-    def written(self):
-        yield from self.writes
-        for storage in self.results:
-            if storage is not None:
-                yield storage
-
     def failure(self, error: BaseException, kernel_name=None, sequence=0, env=None) -> KernelFailure:
         try:
             call = describe_call(self.name, resolve(self.args, env), {k: resolve(v, env) for k, v in self.kwargs.items()})
         except Exception:  # describing must never hide the real failure
             call = self.name
-        return KernelFailure(self.name, call, self.location, kernel_name, error, sequence)
-
-    # -- strict eager: one record is one launch -------------------------------------
-    def launch(self, queue) -> None:
-        if queue.poison_seen:
-            for storage in self.reads:
-                if storage.poison is not None:
-                    queue.skip(self.written(), storage.poison)
-                    return
-        try:
-            if queue.faults is not None:
-                queue.faults.check(self.name)
-            result = self.run()
-            results = self.results
-            if results:
-                if isinstance(result, torch.Tensor):
-                    if results[0] is not None:
-                        results[0].adopt(result)
-                else:
-                    self.store(result)
-        except Exception as error:
-            queue.fail(self.failure(error, sequence=queue.completed + 1), self.written())
+        return KernelFailure(self.name, call, self.location, kernel_name, error, sequence, self.issue)
 
     def __repr__(self) -> str:
         return f"OpRecord({self.name})"
+
+
+def _store(record, result, env, dead) -> None:
+    """Hand each output to its storage (no copy when possible), or keep it in the fused
+    kernel's registers (``env``) when its position is in ``dead``."""
+    results = record.results
+    if isinstance(result, torch.Tensor):
+        storage = results[0] if results else None
+        if storage is not None:
+            if dead and 0 in dead:
+                env[storage] = in_layout(storage, result)
+            else:
+                storage.adopt(result)
+        return
+    for position, value in enumerate(flatten_results(result)):
+        storage = results[position] if position < len(results) else None
+        if storage is not None and value is not None:
+            if dead and position in dead:
+                env[storage] = in_layout(storage, value)
+            else:
+                storage.adopt(value)
+
+
+def in_layout(storage, value):
+    """A value kept in registers, in its storage's layout (views of it resolve with
+    ``as_strided``)."""
+    if value.stride() != storage.stride or value.storage_offset() != 0:
+        value = torch.empty_strided(storage.shape, storage.stride, dtype=storage.dtype).copy_(value)
+    return value
+
+
+def run_record(record, queue, env=None, dead=None, kernel_name=None) -> bool:
+    """Run one recorded op on the device worker under the failure rules (module
+    docstring). ``env`` and ``dead`` are a fused kernel's registers and the result
+    positions of this op it keeps there. Returns True when the op itself raised."""
+    first = queue.failures.first
+    if first is not None and first.issue < record.issue:
+        queue.drop(record.results)  # issued after a pending failure: it does not happen
+        return False
+    if queue.poison_seen:
+        for storage in record.reads:
+            if storage.poison is not None:
+                error = poisoned_read_error(storage.poison)
+                queue.fail(record.failure(error, kernel_name, queue.completed + 1, env), record.results)
+                return False  # a failure, but not of this kernel's making
+    if queue.faults is not None:
+        try:
+            queue.faults.check(record.name)
+        except Exception as error:  # an injected fault strikes before the kernel runs
+            queue.fail(record.failure(error, kernel_name, queue.completed + 1, env), record.results)
+            return True
+    saved = None
+    if record.writes and id(record.op) in GUARDED_WRITES:
+        saved = [(storage, storage.materialize().clone()) for storage in record.writes]
+    try:
+        result = record.run(env)
+        results = record.results
+        if not dead and type(result) is _Tensor and results and results[0] is not None:
+            results[0].adopt(result)  # the common case, inline
+        else:
+            _store(record, result, env, dead)
+    except Exception as error:
+        if saved is not None:
+            for storage, value in saved:
+                storage.data.copy_(value)
+            written = record.results
+        else:
+            written = (*record.writes, *record.results)
+        queue.fail(record.failure(error, kernel_name, queue.completed + 1, env), written)
+        return True
+    return False
+
+
+OpRecord.launch = run_record  # strict eager: one record is one launch, run by the same rules

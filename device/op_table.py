@@ -24,6 +24,8 @@ import itertools
 
 import torch
 
+from .kernel import GUARDED_WRITES
+
 VIEW = "view"
 METADATA = "metadata"
 KERNEL = "kernel"
@@ -56,8 +58,8 @@ class OpEntry:
     """What the dispatcher needs to know about one overload, computed once."""
 
     __slots__ = (
-        "op", "kind", "name", "mutated", "return_alias", "generator_arg", "seeded",
-        "scalar_values_matter", "allocation", "rewrite", "serial",
+        "op", "kind", "name", "mutated", "return_alias", "generator_arg", "random",
+        "scalar_values_matter", "allocation", "rewrite", "host_random", "serial",
     )
 
     def __init__(self, op) -> None:
@@ -79,7 +81,8 @@ class OpEntry:
         self.generator_arg = next(
             (argument.name for argument in schema.arguments if argument.name == "generator"), None
         )
-        self.seeded = torch.Tag.nondeterministic_seeded in tags
+        # draws random numbers: tagged so, or takes a generator (binomial is not tagged)
+        self.random = torch.Tag.nondeterministic_seeded in tags or self.generator_arg is not None
         # Whether float arguments can change output metadata (arange's end, interpolate's
         # scale). Not for pointwise ops, foreach/fused optimizer ops, or in-place ops
         # that return only their mutated inputs: their cache key holds a float's type,
@@ -98,6 +101,7 @@ class OpEntry:
         self.serial = next(_SERIALS)  # stands for the op in cache keys (an int: no GC tracking)
         self.allocation = op in _ALLOCATIONS
         self.rewrite = None  # the OpEntry of the op the device runs instead (random.py)
+        self.host_random = False  # a random op the device runs on the host (random.py)
         if op in _NO_OPS:
             self.kind = NO_OP
         elif self.name.startswith(("c10d::", "_c10d_functional::")):
@@ -128,16 +132,34 @@ def _aliased_argument(schema, alias_info):
 
 _ENTRIES: dict = {}
 _SERIALS = itertools.count(1)
+# Writes in place driven by index values (or masked_scatter's mask) that ATen checks as it
+# writes: a bad value raises with part of the target written (kernel.py: GUARDED_WRITES).
+_CHECKED_WHILE_WRITING = {"index", "indices"}
+
+
+def _checks_while_writing(entry) -> bool:
+    written = {name for _, name in entry.mutated}
+    if entry.name == "aten::masked_scatter_":
+        return True
+    return bool(written) and any(
+        argument.name in _CHECKED_WHILE_WRITING and argument.name not in written and "Tensor" in str(argument.type)
+        for argument in entry.op._schema.arguments
+    )
 
 
 def op_entry(op) -> OpEntry:
     entry = _ENTRIES.get(op)
     if entry is None:
-        from .random import DEVICE_REWRITES
+        from .random import HOST_RANDOM, generator_rewrite
 
         entry = OpEntry(op)
-        rewrite = DEVICE_REWRITES.get(op)
-        if rewrite is not None:
-            entry.rewrite = op_entry(rewrite)
+        if entry.kind is KERNEL and _checks_while_writing(entry):
+            GUARDED_WRITES.add(id(op))
+        if entry.kind is KERNEL:
+            rewrite = generator_rewrite(op)
+            if rewrite is HOST_RANDOM:
+                entry.host_random = True
+            elif rewrite is not None:
+                entry.rewrite = op_entry(rewrite)
         _ENTRIES[op] = entry
     return entry

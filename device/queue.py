@@ -8,11 +8,13 @@ stream gets an engine of its own. An item on the queue is anything with a
 fence (what ``synchronize`` waits on) or an event marker.
 
 The host accounts for a kernel when it launches it (``launch``: launches, bytes, the
-simulated clock). Items call back into the queue to report failures:
+simulated clock). Items call back into the queue to report failures
+(``device/kernel.py: run_record`` applies the rules):
 
-- ``fail(failure, written)``: a kernel raised; keep the earliest failure for the next
-  sync point and poison what the kernel was to write;
-- ``skip(written, failure)``: a kernel read a poisoned buffer and did not run.
+- ``fail(failure, written)``: a kernel raised; keep the earliest failure (in issue order)
+  for the next sync point and poison what the kernel left without valid data;
+- ``drop(results)``: a kernel issued after a pending failure does not run; its fresh
+  outputs are poisoned.
 
 The host waits with :meth:`ExecutionQueue.wait`, which rethrows the earliest failure as
 ``NeuronRuntimeError`` and clears it, so the device is usable again afterwards.
@@ -95,6 +97,7 @@ class ExecutionQueue:
         self._items: _queue.SimpleQueue = _queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         self._start_lock = threading.Lock()
+        self.issued = 0  # ops recorded so far: each record's place in issue order (host side)
         self.submitted = 0  # items put on the queue (host side)
         self.completed = 0  # items the worker finished (device side)
         self.failures = FailureState()
@@ -283,13 +286,16 @@ class ExecutionQueue:
     def fail(self, failure: KernelFailure, written) -> None:
         self.poison_seen = True
         for storage in written:
-            storage.poison = failure
+            if storage is not None:
+                storage.poison = failure
         COUNTERS.errors_deferred += 1
         self.failures.record(failure)
 
-    def skip(self, written, failure: KernelFailure) -> None:
-        for storage in written:
-            storage.poison = failure
+    def drop(self, results) -> None:
+        failure = self.failures.first
+        for storage in results:
+            if storage is not None:
+                storage.poison = failure
         COUNTERS.kernels_skipped += 1
 
     def _start(self) -> None:

@@ -11,12 +11,25 @@ with the CPU generator meanwhile. ``torch.manual_seed(s)`` seeds it (through
 generator with the same seed, so a seeded loop on ``neuron`` draws the numbers the same
 loop draws on the CPU.
 
-Ops with a ``generator`` argument get the device generator when the caller passed none.
-``native_dropout`` (what ``F.dropout`` becomes on an accelerator) takes no generator; it is
-rewritten to ``neuron::native_dropout``, which draws its mask exactly as the CPU's
-``dropout`` does (``bernoulli_(1 - p)``, then ``/ (1 - p)``) so the numbers match.
+How each random op reaches the generator (:func:`generator_rewrite` decides, once per
+overload):
+
+- ops with a ``generator`` argument get the device generator when the caller passed none;
+- an overload without one (``rand_like.default``, ``randperm.default``) is rewritten to
+  its sibling that takes one (``rand_like.generator``), or the CPU kernel would draw from
+  the CPU's default generator, on the device worker, in the wrong order;
+- ``native_dropout`` (what ``F.dropout`` becomes on an accelerator) takes no generator; it
+  is rewritten to ``neuron::native_dropout``, which draws its mask exactly as the CPU's
+  ``dropout`` does (``bernoulli_(1 - p)``, then ``/ (1 - p)``) so the numbers match;
+- a random op with no generator in any overload (``HOST_RANDOM``) runs on the host after
+  a sync point, with the device generator standing in for the CPU default generator
+  (:func:`device_generator_as_default`);
+- a caller's own CPU generator (``generator=g``) is shared with the host, which may draw
+  from it right after: such an op runs on the host after a sync point, in program order.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -49,6 +62,44 @@ native_dropout = torch.ops.neuron.native_dropout.default
 
 # aten op -> the generator-taking op the device runs instead (same arguments, plus generator)
 DEVICE_REWRITES = {torch.ops.aten.native_dropout.default: native_dropout}
+HOST_RANDOM = "host_random"  # generator_rewrite's answer for a random op with no generator
+
+
+def _arguments_without_generator(schema):
+    return [(a.name, str(a.type), a.kwarg_only) for a in schema.arguments if a.name != "generator"]
+
+
+def generator_rewrite(op):
+    """What the device runs for ``op``: None (itself), the overload to run instead (one
+    that takes a generator), or ``HOST_RANDOM``."""
+    rewrite = DEVICE_REWRITES.get(op)
+    if rewrite is not None:
+        return rewrite
+    schema = op._schema
+    if torch.Tag.nondeterministic_seeded not in op.tags or any(a.name == "generator" for a in schema.arguments):
+        return None
+    packet = getattr(torch.ops.aten, op._schema.name.split("::")[-1], None)
+    wanted = _arguments_without_generator(schema)
+    for overload_name in packet.overloads() if packet is not None else ():
+        sibling = getattr(packet, overload_name)
+        arguments = sibling._schema.arguments
+        if any(a.name == "generator" for a in arguments) and _arguments_without_generator(sibling._schema) == wanted:
+            return sibling
+    return HOST_RANDOM
+
+
+@contextlib.contextmanager
+def device_generator_as_default():
+    """Let a CPU kernel that always draws from the CPU's default generator draw from the
+    device generator instead. Host side only, after a sync point (the worker is idle)."""
+    default = torch.default_generator
+    saved = default.get_state()
+    default.set_state(GENERATOR.get_state())
+    try:
+        yield
+    finally:
+        GENERATOR.set_state(default.get_state())
+        default.set_state(saved)
 
 
 def _synchronize() -> None:

@@ -29,6 +29,7 @@ from torch._tensor_str import PRINT_OPTS, _add_suffixes, _tensor_str
 from .storage import DeviceStorage, ViewRef, storage_nbytes
 
 NEURON = torch.device("neuron", 0)
+_DEVICE_ATTRIBUTES = frozenset({"_storage", "_ref", "_sig"})
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 
 
@@ -130,11 +131,15 @@ class NeuronTensor(torch.Tensor):
         if id(self) in memo:
             return memo[id(self)]
         with torch.no_grad():
-            new = self.clone()
+            new = self.clone()  # a kernel: it reads the data after every kernel writing it
         new.requires_grad_(self.requires_grad)
         if self.grad is not None:
             new.grad = copy.deepcopy(self.grad, memo)
-        new.__dict__ = copy.deepcopy(self.__dict__, memo)
+        # the user's attributes; the device's own (storage, reference, signature) are the
+        # clone's and must stay so
+        for name, value in self.__dict__.items():
+            if name not in _DEVICE_ATTRIBUTES:
+                setattr(new, name, copy.deepcopy(value, memo))
         memo[id(self)] = new
         return new
 

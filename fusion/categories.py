@@ -6,7 +6,8 @@ Entry point: :func:`category` (cached per op name).
   broadcasting (aten's ``pointwise`` tag, plus casts, ``where``, fills and copies);
 - ``REDUCTION``: reduces dimensions (aten's ``reduction`` tag, softmax-like ops);
 - ``MATMUL``: matmul-like (mm, addmm, bmm, baddbmm, convolution, attention);
-- ``RANDOM``: draws from the device generator (``nondeterministic_seeded``); fusible
+- ``RANDOM``: draws from the device generator (``nondeterministic_seeded``, or takes a
+  ``generator``: ``binomial`` is not tagged); fusible
   like pointwise, but kept in program order by a generator dependency;
 - ``OPAQUE``: known aten ops that run as a kernel of their own (embedding, cat, scatter,
   layer norm...): they stay in the window, they just do not fuse;
@@ -57,10 +58,10 @@ MATMUL_OPS = {
 
 
 @functools.lru_cache(maxsize=None)
-def _category_of(name: str, tags: frozenset) -> str:
+def _category_of(name: str, tags: frozenset, takes_generator: bool) -> str:
     if name in MATMUL_OPS:
         return MATMUL
-    if torch.Tag.nondeterministic_seeded in tags or name.startswith("neuron::native_dropout"):
+    if torch.Tag.nondeterministic_seeded in tags or takes_generator:
         return RANDOM
     if name in POINTWISE_EXTRA or torch.Tag.pointwise in tags:
         return POINTWISE
@@ -73,10 +74,42 @@ def _category_of(name: str, tags: frozenset) -> str:
 
 CATEGORY_BY_OP: dict = {}  # op -> category; hot paths may read it before calling category()
 
+# Arguments whose *values* an op checks while it runs (an index out of range raises on
+# the device): ops that take one are fallible.
+_CHECKED_ARGUMENTS = {"index", "indices", "target", "targets", "offsets", "sorter", "repeats"}
+# Integer division by zero raises (ZeroDivisionError) as the kernel runs.
+_INTEGER_DIVISIONS = {"aten::div", "aten::div_", "aten::remainder", "aten::remainder_", "aten::fmod",
+                      "aten::fmod_", "aten::floor_divide", "aten::floor_divide_"}
+_FALLIBLE_BY_OP: dict = {}
+
+
+def fallible(record) -> bool:
+    """Can this op fail on the values of its inputs (not only on their shapes, which the
+    host checks)? Indexing with an index out of range, a random op with a probability out
+    of range, integer division by zero. The dependency graph runs no later op before a
+    fallible one, so that a failure drops exactly what strict eager drops."""
+    op = record.op
+    known = _FALLIBLE_BY_OP.get(op)
+    if known is None:
+        schema = op._schema
+        if category(op) is RANDOM or any(
+            argument.name in _CHECKED_ARGUMENTS and "Tensor" in str(argument.type) for argument in schema.arguments
+        ):
+            known = True
+        elif schema.name in _INTEGER_DIVISIONS:
+            known = "integers"
+        else:
+            known = False
+        _FALLIBLE_BY_OP[op] = known
+    if known == "integers":
+        return any(not storage.dtype.is_floating_point and not storage.dtype.is_complex for storage in record.reads)
+    return known
+
 
 def category(op) -> str:
     """The fusion category of an ``OpOverload`` (cached per overload)."""
     kind = CATEGORY_BY_OP.get(op)
     if kind is None:
-        kind = CATEGORY_BY_OP[op] = _category_of(op._schema.name, frozenset(op.tags))
+        takes_generator = any(argument.name == "generator" for argument in op._schema.arguments)
+        kind = CATEGORY_BY_OP[op] = _category_of(op._schema.name, frozenset(op.tags), takes_generator)
     return kind

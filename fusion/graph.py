@@ -8,7 +8,12 @@ Nodes are record positions in the window. Edges say "must run after", with a ``k
 - ``raw``: reads a storage an earlier op wrote (data flow);
 - ``war``: writes a storage an earlier op read (an in-place op after a reader);
 - ``waw``: writes a storage an earlier op wrote;
-- ``rng``: both draw from the device generator, so their order fixes the numbers.
+- ``rng``: both draw from the device generator, so their order fixes the numbers;
+- ``after_fallible``: an op that can fail on its data (``categories.fallible``: an index
+  out of range) runs before every later op, so that a failure drops exactly the ops
+  issued after it, as in strict eager (docs/ARCHITECTURE.md, "Errors"). With
+  ``every_op_fallible`` (fault injection, which can strike any op) the window runs in
+  program order.
 
 Storage identity is the whole allocation: a view shares its base's storage, so an in-place
 write through a view orders against every reader of the base (overlap is assumed).
@@ -19,15 +24,16 @@ from collections import deque
 
 import networkx as nx
 
-from .categories import RANDOM, category
+from .categories import RANDOM, category, fallible
 
 
-def build_graph(records) -> nx.DiGraph:
+def build_graph(records, every_op_fallible: bool = False) -> nx.DiGraph:
     graph = nx.DiGraph()
     graph.add_nodes_from(range(len(records)))
     last_writer: dict = {}
     readers: dict = {}
     last_random = None
+    last_fallible = None
 
     def depend(before: int, after: int, kind: str) -> None:
         if before != after and not graph.has_edge(before, after):
@@ -38,6 +44,10 @@ def build_graph(records) -> nx.DiGraph:
             writer = last_writer.get(storage)
             if writer is not None:
                 depend(writer, index, "raw")
+        if last_fallible is not None:
+            depend(last_fallible, index, "after_fallible")
+        if every_op_fallible or fallible(record):
+            last_fallible = index
         for storage in record.writes:
             writer = last_writer.get(storage)
             if writer is not None:

@@ -25,7 +25,7 @@ import threading
 import torch
 
 from adaptive_eager.device.cost_model import PROFILE
-from adaptive_eager.device.kernel import flatten_results, resolve
+from adaptive_eager.device.kernel import in_layout, resolve, run_record
 
 from . import compiled as compiled_kernels
 from .caches import CountingLRU
@@ -46,13 +46,15 @@ def short_name(record) -> str:
 class KernelSpec:
     """A fused kernel, independent of where its ops sit in a window."""
 
-    __slots__ = ("signature", "name", "dead", "last_uses", "bytes", "time_us", "bytes_saved", "ops", "patterns",
-                 "launches", "compiled")
+    __slots__ = ("signature", "name", "dead", "dead_at", "last_uses", "bytes", "time_us", "bytes_saved", "ops",
+                 "patterns", "launches", "compiled")
 
     def __init__(self, signature, name, dead, nbytes, time_us, bytes_saved, ops, patterns=(), last_uses=()) -> None:
         self.signature = signature
         self.name = name  # "mul|add|relu"
         self.dead = dead  # frozenset of (member offset, result position) kept in registers
+        # per member offset: the result positions of that op kept in registers (or None)
+        self.dead_at = tuple(frozenset(p for o, p in dead if o == offset) or None for offset in range(ops))
         # per member offset: the dead values (producer offset, result position) it reads
         # last, released from the kernel's registers once it has run
         self.last_uses = last_uses
@@ -274,8 +276,8 @@ class FusedKernel:
 
     def launch(self, queue) -> None:
         spec = self.spec
-        if queue.faults is not None or (queue.poison_seen and self._reads_poison()):
-            self._run_ops(queue, library=False)  # strict eager's per-op rules: faults, poison
+        if queue.faults is not None or queue.failures.first is not None or (queue.poison_seen and self._reads_poison()):
+            self._run_ops(queue, library=False)  # the per-op failure rules: faults, drops, poison
             return
         compiled = spec.compiled
         if compiled is None and compiled_kernels.ENABLED:
@@ -294,6 +296,7 @@ class FusedKernel:
         env: dict = {}
         spec = self.spec
         last_uses = spec.last_uses
+        dead_at = spec.dead_at
         records = self.records
         at_root: dict = {}
         skipped: set = set()
@@ -303,6 +306,7 @@ class FusedKernel:
                     at_root[pattern.root] = pattern
                     skipped.update(pattern.members[:-1])
         failed = False
+        name = spec.name
         for offset, record in enumerate(records):
             if offset in skipped:
                 pass
@@ -311,44 +315,15 @@ class FusedKernel:
                 if not self._run_library(pattern, env):
                     # the library kernel raised: its ops, one by one, name the failing one
                     for member in pattern.members:
-                        failed = self._run_one(member, records[member], env, queue) or failed
+                        failed = run_record(records[member], queue, env, dead_at[member], name) or failed
             else:
-                failed = self._run_one(offset, record, env, queue) or failed
+                failed = run_record(record, queue, env, dead_at[offset], name) or failed
             for producer, position in last_uses[offset]:  # free registers no later op reads
                 env.pop(records[producer].results[position], None)
         if failed:
             with _failed_lock:
                 FAILED_SIGNATURES.append(spec.signature)
         return failed
-
-    def _run_one(self, offset: int, record, env: dict, queue) -> bool:
-        """One op of the kernel; True if it failed (recorded for the next sync point)."""
-        if queue.poison_seen and self._skip_poisoned(record, queue):
-            return False
-        dead = self.spec.dead
-        try:
-            if queue.faults is not None:
-                queue.faults.check(record.name)
-            result = record.run(env)
-            if isinstance(result, torch.Tensor):
-                storage = record.results[0]
-                if storage is not None:
-                    if (offset, 0) in dead:
-                        self._keep_dead(storage, result, env)
-                    else:
-                        storage.adopt(result)
-            else:
-                for position, value in enumerate(flatten_results(result)):
-                    storage = record.results[position] if position < len(record.results) else None
-                    if storage is not None and value is not None:
-                        if (offset, position) in dead:
-                            self._keep_dead(storage, value, env)
-                        else:
-                            storage.adopt(value)
-        except Exception as error:  # strict eager's rules for the rest
-            queue.fail(record.failure(error, self.spec.name, queue.completed + 1, env), record.written())
-            return True
-        return False
 
     def _run_library(self, pattern, env: dict) -> bool:
         """A matched chain's library kernel; False (run its ops instead) if it raises."""
@@ -361,7 +336,7 @@ class FusedKernel:
             for (offset, position), value in zip(pattern.outputs, values):
                 storage = records[offset].results[position]
                 if (offset, position) in dead:
-                    self._keep_dead(storage, value, env)
+                    env[storage] = in_layout(storage, value)
                 else:
                     storage.adopt(value)
         except Exception:  # noqa: BLE001
@@ -405,21 +380,5 @@ class FusedKernel:
                 LOG.debug("built kernel %s differs from its ops: it stays op by op", spec.name)
             spec.compiled = False
 
-    @staticmethod
-    def _keep_dead(storage, value, env: dict) -> None:
-        """Keep a dead intermediate in the kernel: never written back. In the storage's
-        layout, since views of it resolve with as_strided."""
-        if value.stride() != storage.stride or value.storage_offset() != 0:
-            value = torch.empty_strided(storage.shape, storage.stride, dtype=storage.dtype).copy_(value)
-        env[storage] = value
-
     def _reads_poison(self) -> bool:
         return any(storage.poison is not None for record in self.records for storage in record.reads)
-
-    @staticmethod
-    def _skip_poisoned(record, queue) -> bool:
-        for storage in record.reads:
-            if storage.poison is not None:
-                queue.skip(record.written(), storage.poison)
-                return True
-        return False

@@ -249,15 +249,16 @@ def _fuse_horizontally(groups, group_of, records, graph, members_of) -> None:
 
 
 def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_chip_bytes: int = 0,
-                patterns: bool = True, horizontal: bool = True) -> Plan:
+                patterns: bool = True, horizontal: bool = True, every_op_fallible: bool = False) -> Plan:
     """Group the window's records into kernels.
 
     ``escapes(index, position)`` tells whether a record's output is still referenced from
     Python (or aliased by a view) at flush; those are written back to device memory.
+    ``every_op_fallible``: any op may fail (fault injection), so kernels keep program order.
     """
     count = len(records)
     kinds = [category(record.op) for record in records]
-    graph = build_graph(records)
+    graph = build_graph(records, every_op_fallible)
     groups = {index: Group(index, kinds[index], records[index]) for index in range(count)}
     group_of = list(range(count))
     refusals: dict = {}
@@ -282,22 +283,36 @@ def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_c
         ((score(u, v, records), u, v) for u, v, kind in graph.edges(data="kind") if kind == "raw"),
         key=lambda item: (-item[0], item[1], item[2]),
     )
-    for _, u, v in candidates:
-        a, b = group_of[u], group_of[v]
-        if a == b:
-            continue
-        reason, on_chip = can_fuse(
-            groups[a], groups[b], (u, v), kinds, records, graph, unfusable, members_of, on_chip_bytes
-        )
-        if reason is not None:
+    # Passes over the refused edges until one merges nothing: a merge refused for a
+    # cycle may become legal once the ops on the cycle have joined the group (Inductor's
+    # scheduler also loops until nothing changes).
+    final: dict = {}  # (u, v) -> the reason of its last refusal
+    while candidates:
+        refused = []
+        for item in candidates:
+            _, u, v = item
+            a, b = group_of[u], group_of[v]
+            if a == b:
+                final.pop((u, v), None)
+                continue
+            reason, on_chip = can_fuse(
+                groups[a], groups[b], (u, v), kinds, records, graph, unfusable, members_of, on_chip_bytes
+            )
+            if reason is not None:
+                final[(u, v)] = reason
+                refused.append(item)
+                continue
+            final.pop((u, v), None)
+            keep, gone = (a, b) if len(groups[a].members) >= len(groups[b].members) else (b, a)
+            kept, merged = groups[keep], groups.pop(gone)
+            kept.absorb(merged, on_chip)
+            for index in merged.members:
+                group_of[index] = keep
+        candidates = refused if len(refused) < len(candidates) else []
+    for (u, v), reason in final.items():
+        if group_of[u] != group_of[v]:
             refusals[reason] = refusals.get(reason, 0) + 1
             LOG.debug("not fusing %s -> %s: %s", records[u].name, records[v].name, reason)
-            continue
-        keep, gone = (a, b) if len(groups[a].members) >= len(groups[b].members) else (b, a)
-        kept, merged = groups[keep], groups.pop(gone)
-        kept.absorb(merged, on_chip)
-        for index in merged.members:
-            group_of[index] = keep
 
     if horizontal:
         _fuse_horizontally(groups, group_of, records, graph, members_of)
