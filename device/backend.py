@@ -47,8 +47,10 @@ class _DeviceGuard(torch._C._acc.DeviceGuard):
 
 def _boxed_fallback(op, *args, **kwargs):
     from .dispatch import dispatch
+    from .queue import HOST_LOCK
 
-    return dispatch(op, args, kwargs)
+    with HOST_LOCK:
+        return dispatch(op, args, kwargs)
 
 
 # Ops that C++ code calls on neuron tensors with the Python dispatch key excluded
@@ -61,8 +63,10 @@ _EXPLICIT_OPS = ("copy_", "_to_copy", "_copy_from", "_copy_from_and_resize", "de
 def _explicit_kernel(op):
     def kernel(*args, **kwargs):
         from .dispatch import dispatch
+        from .queue import HOST_LOCK
 
-        return dispatch(op, args, kwargs)
+        with HOST_LOCK:
+            return dispatch(op, args, kwargs)
 
     return kernel
 

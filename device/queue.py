@@ -18,6 +18,12 @@ simulated clock). Items call back into the queue to report failures
 
 The host waits with :meth:`ExecutionQueue.wait`, which rethrows the earliest failure as
 ``NeuronRuntimeError`` and clears it, so the device is usable again afterwards.
+
+:data:`HOST_LOCK`: the host side of the device is one critical section. Ops issued from
+several threads are recorded, windowed and submitted one at a time, in one issue order,
+as one CUDA stream orders work from several threads. Every op holds it while the
+dispatcher handles it, and so do flushes and submissions; waiting for the device does
+not (the worker never takes it).
 """
 from __future__ import annotations
 
@@ -32,6 +38,8 @@ from .config import env_float
 from .errors import FailureState, KernelFailure, NeuronRuntimeError
 from .metrics import COUNTERS
 from .storage import keep_freed_memory
+
+HOST_LOCK = threading.RLock()
 
 
 class Fence:
@@ -143,14 +151,15 @@ class ExecutionQueue:
         it; batching keeps the host's per-op cost near a plain wrapper's
         (bench/overhead.py).
         """
-        batch = self._batch
-        if batch:
-            if self._worker is None:
-                self._start()
-            self._batch = []
-            self._batch_bytes = 0
-            self._batch_ops = 0
-            self._items.put(batch)
+        with HOST_LOCK:
+            batch = self._batch
+            if batch:
+                if self._worker is None:
+                    self._start()
+                self._batch = []
+                self._batch_bytes = 0
+                self._batch_ops = 0
+                self._items.put(batch)
 
     def launch(self, kernel, key, nbytes: int, time_us: float, stream: int, ops: int = 1) -> int:
         """Submit one kernel launch and account for it."""
@@ -246,11 +255,12 @@ class ExecutionQueue:
 
     def drain(self) -> None:
         """Wait until everything submitted so far has run. Raises nothing."""
-        if self.completed >= self.submitted:
-            return
-        fence = Fence()
-        self.submit(fence)
-        self.ring()
+        with HOST_LOCK:
+            if self.completed >= self.submitted:
+                return
+            fence = Fence()
+            self.submit(fence)
+            self.ring()
         fence.event.wait()
 
     def wait(self) -> None:

@@ -26,7 +26,7 @@ import torch
 
 from . import sync as _sync
 from .metrics import COUNTERS
-from .queue import QUEUE, Fence
+from .queue import HOST_LOCK, QUEUE, Fence
 
 _DEVICE_TYPE = torch._C._autograd.DeviceType.PrivateUse1
 _ids = itertools.count(1)
@@ -156,10 +156,11 @@ class Event:
 
     def record(self, stream: Stream | None = None) -> None:
         stream = stream if stream is not None else current_stream()
-        _sync.flush("event_record")
-        self._marker = Fence()
-        self._clock_us = QUEUE.clock_us
-        self._sequence = QUEUE.submit(self._marker, stream.stream_id)
+        with HOST_LOCK:
+            _sync.flush("event_record")
+            self._marker = Fence()
+            self._clock_us = QUEUE.clock_us
+            self._sequence = QUEUE.submit(self._marker, stream.stream_id)
 
     def query(self) -> bool:
         if self._marker is None:

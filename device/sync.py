@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .config import CONFIG
 from .metrics import COUNTERS
-from .queue import QUEUE
+from .queue import HOST_LOCK, QUEUE
 
 
 class StrictSink:
@@ -44,18 +44,21 @@ def set_sink(sink) -> None:
     ``flush(reason)``).
     The previous sink is flushed first, so no recorded op is lost."""
     global _sink
-    if sink is _sink:
-        return
-    _sink.flush("mode_change")
-    _sink = sink
+    with HOST_LOCK:
+        if sink is _sink:
+            return
+        _sink.flush("mode_change")
+        _sink = sink
 
 
 def flush(reason: str) -> None:
-    _sink.flush(reason)
+    with HOST_LOCK:
+        _sink.flush(reason)
 
 
 def synchronize(reason: str = "synchronize") -> None:
     """A sync point: launch everything recorded, wait for the device, raise deferred errors."""
-    _sink.flush(reason)
-    COUNTERS.sync_points[reason] += 1
+    with HOST_LOCK:
+        _sink.flush(reason)
+        COUNTERS.sync_points[reason] += 1
     QUEUE.wait()

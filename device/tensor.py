@@ -41,6 +41,7 @@ class NeuronTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        _acquire()  # the host side is one critical section (queue.HOST_LOCK)
         try:
             return _dispatch(func, args, kwargs)
         except Exception as error:
@@ -50,6 +51,8 @@ class NeuronTensor(torch.Tensor):
             if result is None:
                 raise
             return result
+        finally:
+            _release()
 
     # -- host-side representations (each a sync point) ------------------------------
     def __repr__(self, *, tensor_contents=None) -> str:
@@ -105,6 +108,16 @@ class NeuronTensor(torch.Tensor):
             f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to "
             "copy the tensor to host memory first."
         )
+
+    def __dlpack__(self, *args, **kwargs):
+        raise RuntimeError(
+            f"can't export a {self.device} tensor through DLPack: no consumer knows the device, and "
+            "a capsule is read without waiting for the device. Use Tensor.cpu() to copy the "
+            "tensor to host memory first."
+        )
+
+    def __dlpack_device__(self):
+        self.__dlpack__()
 
     def __array__(self, dtype=None, copy=None):
         return self.numpy().astype(dtype, copy=False) if dtype is not None else self.numpy()
@@ -201,3 +214,6 @@ def cpu_view(tensor: NeuronTensor) -> torch.Tensor:
 
 from .dispatch import defer_in_backward as _defer_in_backward  # noqa: E402  (dispatch needs NeuronTensor)
 from .dispatch import dispatch as _dispatch  # noqa: E402
+from .queue import HOST_LOCK as _HOST_LOCK  # noqa: E402
+
+_acquire, _release = _HOST_LOCK.acquire, _HOST_LOCK.release

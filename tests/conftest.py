@@ -2,6 +2,8 @@
 statistics, and the default switches."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -78,3 +80,27 @@ def assert_same(neuron_value, cpu_value, **tolerances):
             assert_same(a, b, **tolerances)
     else:
         assert neuron_value == cpu_value
+
+
+class _Hold:
+    """A queue item that keeps the device worker waiting until its gate opens."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        self.gate = gate
+
+    def launch(self, queue) -> None:
+        self.gate.wait(10)
+
+
+@pytest.fixture
+def held_device():
+    """The device worker is held back for 0.3 s: a kernel issued in the test has not run
+    when the host reads its output, so a read that does not wait for it reads garbage."""
+    gate = threading.Event()
+    QUEUE.submit(_Hold(gate))
+    QUEUE.ring()
+    timer = threading.Timer(0.3, gate.set)
+    timer.start()
+    yield
+    gate.set()
+    timer.cancel()

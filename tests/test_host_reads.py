@@ -1,0 +1,94 @@
+"""Every host read of device bytes waits for the kernels that write them.
+
+Each test holds the device worker back (``held_device``), issues a kernel, and reads its
+output on the host at once through one path: the read must wait, or it sees memory the
+kernel has not written yet (``copy.deepcopy`` once returned uninitialized memory so).
+Both modes: in adaptive eager the kernel also waits in the window.
+"""
+import copy
+import io
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.usefixtures("any_mode", "held_device")
+
+EXPECTED = [0.0, 2.0, 4.0, 6.0]
+
+
+def pending():
+    """A tensor whose kernel cannot have run yet."""
+    return torch.arange(4.0, device="neuron") * 2
+
+
+def test_deepcopy():
+    assert copy.deepcopy(pending()).cpu().tolist() == EXPECTED
+
+
+def test_deepcopy_of_a_parameter_and_its_grad():
+    p = torch.nn.Parameter(pending())
+    p.grad = pending() + 1
+    p.tag = "kept"
+    q = copy.deepcopy(p)
+    assert isinstance(q, torch.nn.Parameter) and q.tag == "kept"
+    assert q.detach().cpu().tolist() == EXPECTED
+    assert q.grad.cpu().tolist() == [1.0, 3.0, 5.0, 7.0]
+
+
+def test_pickle():
+    assert pickle.loads(pickle.dumps(pending())).cpu().tolist() == EXPECTED
+
+
+def test_torch_save():
+    buffer = io.BytesIO()
+    torch.save({"t": pending()}, buffer)
+    buffer.seek(0)
+    assert torch.load(buffer)["t"].cpu().tolist() == EXPECTED
+
+
+def test_cpu_and_to():
+    assert pending().cpu().tolist() == EXPECTED
+    assert pending().to("cpu", torch.float64).tolist() == EXPECTED
+
+
+def test_numpy_force_and_tolist():
+    assert pending().numpy(force=True).tolist() == EXPECTED
+    assert pending().tolist() == EXPECTED
+
+
+def test_numpy_without_a_copy_refuses_as_cuda_does():
+    with pytest.raises(TypeError, match="Tensor.cpu"):
+        np.asarray(pending())
+
+
+def test_item_bool_and_format():
+    t = pending()
+    assert t[3].item() == 6.0
+    assert bool(t[1] > 1)
+    assert f"{t[2]:.1f}" == "4.0"
+
+
+def test_printing():
+    assert "tensor([0., 2., 4., 6.], device='neuron:0')" == repr(pending())
+    assert "[0., 2., 4., 6.]" in str(pending())
+
+
+def test_copy_into_a_host_tensor():
+    host = torch.empty(4)
+    host.copy_(pending())
+    assert host.tolist() == EXPECTED
+
+
+def test_host_comparison_ops():
+    assert torch.equal(pending(), torch.tensor(EXPECTED).to("neuron"))
+    assert torch.allclose(pending(), torch.tensor(EXPECTED).to("neuron"))
+
+
+def test_dlpack_is_refused_with_a_clear_error():
+    """No DLPack consumer knows the device, and a capsule is read without a sync point;
+    the host copy is one ``.cpu()`` away, as for numpy."""
+    for export in (lambda t: t.__dlpack__(), torch.from_dlpack, np.from_dlpack):
+        with pytest.raises(RuntimeError, match=r"neuron.*DLPack.*cpu\(\)"):
+            export(pending())
