@@ -117,7 +117,19 @@ def test_the_host_never_reads_a_window_it_handed_to_the_worker(small_windows, in
         assert {"softmax", "gelu_tanh", "rms_norm"} <= set(adaptive_eager.stats()["patterns"])
 
 
-def test_two_threads_issuing_ops_at_once(fast_switching, small_windows, doorbell_every_launch):
+@pytest.fixture
+def no_library_kernels():
+    """Generic fusion only: results then equal the CPU's bit for bit (a library kernel
+    rounds differently, and which chains match depends on how two threads' ops interleave
+    in a window), so any race shows as a difference."""
+    sink = _adaptive_sink()
+    saved = sink.policy.patterns
+    sink.policy.patterns = False
+    yield
+    sink.policy.patterns = saved
+
+
+def test_two_threads_issuing_ops_at_once(fast_switching, small_windows, doorbell_every_launch, no_library_kernels):
     results, errors = {}, []
 
     def run(seed):
@@ -135,7 +147,7 @@ def test_two_threads_issuing_ops_at_once(fast_switching, small_windows, doorbell
     del busy
     assert not errors, errors
     for seed in (1, 2):
-        torch.testing.assert_close(results[seed], _work("cpu", seed, 20), **LIBRARY_TOLERANCE)
+        assert torch.equal(results[seed], _work("cpu", seed, 20))
 
 
 def test_two_threads_training_their_own_models(fast_switching):
