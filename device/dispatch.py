@@ -23,7 +23,9 @@ from . import sync as _sync
 from .kernel import OpRecord
 from .location import capture_location
 from .metrics import COUNTERS
-from .op_table import _ENTRIES, COLLECTIVE, COPY, DATA_DEPENDENT, HOST_READ, KERNEL, METADATA, NO_OP, VIEW, op_entry
+from .op_table import (
+    _ENTRIES, COLLECTIVE, COPY, DATA_DEPENDENT, DECOMPOSE, HOST_READ, KERNEL, METADATA, NO_OP, VIEW, op_entry,
+)
 from .queue import QUEUE
 from .random import GENERATOR
 from .shapes import NO_META, SHAPE_CACHE, SHAPE_CACHE_SIZE, MetaRejected, infer
@@ -44,6 +46,9 @@ _HOST_TENSORS_OK = {aten.index.Tensor, aten.index_put_.default, aten.index_put.d
 
 class DeviceMismatchError(RuntimeError):
     pass
+
+
+_COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
 
 
 def _mismatch(entry, tensor) -> DeviceMismatchError:
@@ -160,6 +165,8 @@ def dispatch(func, args, kwargs):
         return None
     if kind is COLLECTIVE:
         return run_collective(entry, args, kwargs or {})
+    if kind is DECOMPOSE:
+        return _decompose(entry, args, kwargs or {})
     raise AssertionError(f"unknown op kind {kind}")
 
 
@@ -172,7 +179,14 @@ def launch(entry, args, kwargs, escapes: bool = False):
         entry = entry.rewrite
     if entry.random and (entry.host_random or _explicit_generator(kwargs)):
         return run_on_host(entry, args, kwargs or {}, "random_on_host")
-    key, refs, kwrefs, reads, nested = _record_call(entry, args, kwargs)
+    try:
+        key, refs, kwrefs, reads, nested = _record_call(entry, args, kwargs)
+    except DeviceMismatchError:
+        if not entry.composite:
+            raise
+        # A composite written for every device, taking host tensors where it means to
+        # (``pack_padded_sequence``'s CPU lengths): run it, its ops come back here.
+        return entry.op._op_dk(_COMPOSITE, *args, **(kwargs or {}))
     key = tuple(key)
     inference = SHAPE_CACHE.get(key)
     if inference is None:
@@ -216,6 +230,17 @@ def launch(entry, args, kwargs, escapes: bool = False):
         trace.issue(record, started)
     _sync._sink.record(record, () if escapes else outputs)
     return _build_return(entry, inference.structure, outputs, args, kwargs)
+
+
+def _decompose(entry, args, kwargs):
+    """A composite of other ops: run its decomposition, whose ops come back here. Sparse
+    layouts stay refused (a composite would build a sparse tensor of neuron parts)."""
+    if entry.layout_arg is not None:
+        index, name = entry.layout_arg
+        layout = args[index] if index < len(args) else kwargs.get(name)
+        if layout is not None and layout != torch.strided:
+            raise NotImplementedError(f"{layout} tensors are not supported on the neuron device ({entry.name})")
+    return entry.op.decompose(*args, **kwargs)
 
 
 def _explicit_generator(kwargs) -> bool:

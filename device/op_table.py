@@ -16,7 +16,11 @@ Kinds (plain strings, compared by identity on the hot path):
 - ``COLLECTIVE``: a ``torch.distributed`` collective (``c10d::allreduce_``): a sync point,
   then gloo runs it on the CPU bytes (``device/collectives.py``).
 - ``NO_OP``: nothing to do on this device (``record_stream``: memory is already freed
-  in stream order, since a storage lives until the last kernel using it has run).
+  in stream order, since a storage lives until the last kernel using it has run);
+- ``DECOMPOSE``: a composite of other ops (a ``CompositeImplicitAutograd`` kernel:
+  ``contiguous``, ``reshape``, ``linear``). Autograd decomposes them before they reach the
+  device, except when it is off (inference mode) or when a composite kernel running on
+  device tensors calls them: then they are decomposed here, as on any backend.
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ HOST_READ = "host_read"
 DATA_DEPENDENT = "data_dependent"
 NO_OP = "no_op"
 COLLECTIVE = "collective"
+DECOMPOSE = "decompose"
 
 aten = torch.ops.aten
 
@@ -59,7 +64,7 @@ class OpEntry:
 
     __slots__ = (
         "op", "kind", "name", "mutated", "return_alias", "generator_arg", "random",
-        "scalar_values_matter", "allocation", "rewrite", "host_random", "serial",
+        "scalar_values_matter", "allocation", "rewrite", "host_random", "composite", "layout_arg", "serial",
     )
 
     def __init__(self, op) -> None:
@@ -77,6 +82,10 @@ class OpEntry:
         self.return_alias = tuple(
             _aliased_argument(schema, r.alias_info) if r.alias_info is not None else None
             for r in schema.returns
+        )
+        self.layout_arg = next(
+            ((index, argument.name) for index, argument in enumerate(schema.arguments) if argument.name == "layout"),
+            None,
         )
         self.generator_arg = next(
             (argument.name for argument in schema.arguments if argument.name == "generator"), None
@@ -102,10 +111,14 @@ class OpEntry:
         self.allocation = op in _ALLOCATIONS
         self.rewrite = None  # the OpEntry of the op the device runs instead (random.py)
         self.host_random = False  # a random op the device runs on the host (random.py)
+        # has a CompositeExplicitAutograd kernel: written in other ops, for every device
+        self.composite = torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeExplicitAutograd")
         if op in _NO_OPS:
             self.kind = NO_OP
         elif self.name.startswith(("c10d::", "_c10d_functional::")):
             self.kind = COLLECTIVE
+        elif torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
+            self.kind = DECOMPOSE
         elif op in _COPY_OPS:
             self.kind = COPY
         elif op.is_view or op in _UNANNOTATED_VIEWS:
@@ -150,13 +163,14 @@ def _checks_while_writing(entry) -> bool:
 def op_entry(op) -> OpEntry:
     entry = _ENTRIES.get(op)
     if entry is None:
+        from .native import DEVICE_REWRITES
         from .random import HOST_RANDOM, generator_rewrite
 
         entry = OpEntry(op)
         if entry.kind is KERNEL and _checks_while_writing(entry):
             GUARDED_WRITES.add(id(op))
         if entry.kind is KERNEL:
-            rewrite = generator_rewrite(op)
+            rewrite = DEVICE_REWRITES.get(op) or generator_rewrite(op)
             if rewrite is HOST_RANDOM:
                 entry.host_random = True
             elif rewrite is not None:

@@ -125,8 +125,10 @@ def no_library_kernels():
     sink = _adaptive_sink()
     saved = sink.policy.patterns
     sink.policy.patterns = False
+    sink.plan_cache.clear()  # plans made with library kernels would be reused
     yield
     sink.policy.patterns = saved
+    sink.plan_cache.clear()
 
 
 def test_two_threads_issuing_ops_at_once(fast_switching, small_windows, doorbell_every_launch, no_library_kernels):

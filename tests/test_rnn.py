@@ -1,0 +1,102 @@
+"""Recurrent modules on ``neuron`` against the CPU's own LSTM and GRU.
+
+On an accelerator PyTorch runs ``nn.LSTM``/``nn.GRU`` and the cells through the fused
+cell kernels (``_thnn_fused_lstm_cell``, ``_thnn_fused_gru_cell`` and their backward),
+which the CPU lacks; the device implements them (``device/native.py``). Forward, input
+and parameter gradients and a few optimizer steps must equal the CPU's within float
+tolerance, in both modes.
+"""
+import pytest
+import torch
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+pytestmark = pytest.mark.usefixtures("any_mode")
+
+TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
+
+CONFIGS = {
+    "lstm": lambda: torch.nn.LSTM(3, 5),
+    "lstm_2_layers_bidirectional_batch_first": lambda: torch.nn.LSTM(3, 5, num_layers=2, bidirectional=True,
+                                                                     batch_first=True),
+    "lstm_no_bias_proj": lambda: torch.nn.LSTM(3, 6, bias=False, proj_size=2),
+    "gru": lambda: torch.nn.GRU(3, 5),
+    "gru_3_layers_bidirectional": lambda: torch.nn.GRU(3, 4, num_layers=3, bidirectional=True),
+    "gru_no_bias_batch_first": lambda: torch.nn.GRU(3, 4, bias=False, batch_first=True),
+    "rnn_tanh": lambda: torch.nn.RNN(3, 4, num_layers=2),
+}
+
+
+def _run(build, device, x, steps=3, hidden=None):
+    torch.manual_seed(0)
+    module = build().to(device)
+    torch.manual_seed(1)  # seeds the generator dropout draws from (the CPU's, or neuron's)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    x = x.to(device).requires_grad_()
+    results = []
+    for _ in range(steps):
+        output, state = module(x, hidden)
+        state = state if isinstance(state, tuple) else (state,)
+        loss = output.pow(2).sum() + sum(s.sum() for s in state)
+        optimizer.zero_grad()
+        x.grad = None
+        loss.backward()
+        optimizer.step()
+        results += [output.detach(), *(s.detach() for s in state), x.grad]
+    results += [p.detach() for p in module.parameters()]
+    return [t.cpu() for t in results]
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_recurrent_modules_train_as_on_the_cpu(name):
+    build = CONFIGS[name]
+    batch_first = build().batch_first
+    x = torch.randn(2, 7, 3) if batch_first else torch.randn(7, 2, 3)
+    for a, b in zip(_run(build, "neuron", x), _run(build, "cpu", x)):
+        torch.testing.assert_close(a, b, **TOLERANCE)
+
+
+def test_dropout_between_layers_draws_as_on_the_cpu():
+    build = lambda: torch.nn.LSTM(3, 5, num_layers=3, dropout=0.4)  # noqa: E731
+    x = torch.randn(6, 2, 3)
+    for a, b in zip(_run(build, "neuron", x), _run(build, "cpu", x)):
+        torch.testing.assert_close(a, b, **TOLERANCE)
+
+
+@pytest.mark.parametrize("cell", [torch.nn.LSTMCell, torch.nn.GRUCell, torch.nn.RNNCell])
+def test_cells_forward_and_backward(cell):
+    def run(device):
+        torch.manual_seed(0)
+        module = cell(4, 6).to(device)
+        x = torch.randn(3, 4).to(device).requires_grad_()
+        state = None
+        outputs = []
+        for _ in range(4):  # unrolled by hand, as users write it
+            state = module(x, state)
+            outputs.append(state[0] if isinstance(state, tuple) else state)
+        torch.stack(outputs).sum().backward()
+        return [t.detach().cpu() for t in outputs] + [x.grad.cpu()] + [p.grad.cpu() for p in module.parameters()]
+
+    for a, b in zip(run("neuron"), run("cpu")):
+        torch.testing.assert_close(a, b, **TOLERANCE)
+
+
+@pytest.mark.parametrize("kind", [torch.nn.LSTM, torch.nn.GRU])
+def test_packed_sequences(kind):
+    """``pack_padded_sequence`` takes its lengths on the CPU, as on every accelerator."""
+    lengths = torch.tensor([5, 3, 2])
+
+    def run(device):
+        torch.manual_seed(0)
+        module = kind(3, 4, batch_first=True, bidirectional=True).to(device)
+        x = torch.randn(3, 5, 3).to(device).requires_grad_()
+        packed = pack_padded_sequence(x, lengths, batch_first=True)
+        output, _ = module(packed)
+        padded, out_lengths = pad_packed_sequence(output, batch_first=True)
+        padded.sum().backward()
+        assert out_lengths.tolist() == lengths.tolist()
+        return [padded.detach().cpu(), x.grad.cpu()] + [p.grad.cpu() for p in module.parameters()]
+
+    for a, b in zip(run("neuron"), run("cpu")):
+        torch.testing.assert_close(a, b, **TOLERANCE)
+
+
