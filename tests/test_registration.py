@@ -52,3 +52,26 @@ def test_tensor_and_module_helpers():
     module = torch.nn.Linear(2, 3).neuron()
     assert module.weight.device.type == "neuron"
     assert isinstance(module.weight, torch.nn.Parameter)
+
+
+def test_no_import_changes_the_public_api():
+    """Importing any submodule of adaptive_eager (``adaptive_eager.stats``, the CLI, shares
+    its name with the function ``stats()``) leaves every public name callable as before."""
+    import importlib
+    import pkgutil
+
+    import adaptive_eager
+
+    import adaptive_eager.device
+    import adaptive_eager.fusion
+
+    before = {name: getattr(adaptive_eager, name) for name in adaptive_eager.__all__}
+    for package in (adaptive_eager, adaptive_eager.device, adaptive_eager.fusion):
+        for module in pkgutil.iter_modules(package.__path__[:1]):
+            if module.name != "__main__" and not module.ispkg:
+                importlib.import_module(f"{package.__name__}.{module.name}")
+    for name, value in before.items():
+        now = getattr(adaptive_eager, name)
+        assert now is value or (callable(now) and callable(value)), name
+    assert adaptive_eager.stats()["mode"] in ("strict", "adaptive")
+    assert adaptive_eager.stats() == adaptive_eager.statistics.stats()
