@@ -27,6 +27,7 @@ if not _os.path.isdir(_os.path.join(_here, "device")):
 import torch  # noqa: E402,F401
 
 from .device import NeuronRuntimeError, PoisonedTensorError  # noqa: E402
+from .device.config import CONFIG as _CONFIG  # noqa: E402
 from .device.location import add_internal_dir as _add_internal_dir  # noqa: E402
 from .device.sync import synchronize as _synchronize  # noqa: E402
 from .mode import disable, enable, is_enabled, mode  # noqa: E402
@@ -35,7 +36,7 @@ from .statistics import reset_stats, stats  # noqa: E402
 
 _add_internal_dir(_here)
 _install_exit_dump()
-if _os.environ.get("NEURON_ADAPTIVE_EAGER", "0").strip().lower() not in ("", "0", "false", "no", "off"):
+if _CONFIG.adaptive:  # NEURON_ADAPTIVE_EAGER=1
     enable()
 
 

@@ -17,12 +17,11 @@ Entry point: :func:`setup`, called once by ``import adaptive_eager``.
 from __future__ import annotations
 
 import logging
-import os
 import sys
-import warnings
+
+from .device.config import CONFIG, parse_log_level
 
 ROOT = "adaptive_eager"
-ENV = "NEURON_LOG_LEVEL"
 FORMAT = "[%(name)s %(levelname)s] %(message)s"
 
 
@@ -52,17 +51,6 @@ def get_logger(name: str = "") -> logging.Logger:
     return logging.getLogger(f"{ROOT}.{name}" if name else ROOT)
 
 
-def parse_level(value: str) -> int:
-    """``"debug"``, ``"DEBUG"`` or ``"10"`` -> 10; ValueError for anything else."""
-    text = value.strip()
-    if text.lstrip("-").isdigit():
-        return int(text)
-    level = logging.getLevelName(text.upper())
-    if not isinstance(level, int):
-        raise ValueError(f"{value!r} is not a logging level (DEBUG, INFO, WARNING, ERROR, CRITICAL or a number)")
-    return level
-
-
 def set_level(level) -> None:
     """Set the hierarchy's level (a name or number) and print its records to stderr
     (see the module docstring); ``None`` restores the default: silent."""
@@ -72,7 +60,7 @@ def set_level(level) -> None:
         for handler in [h for h in logger.handlers if isinstance(h, _StderrUnlessConfigured)]:
             logger.removeHandler(handler)
         return
-    logger.setLevel(parse_level(level) if isinstance(level, str) else int(level))
+    logger.setLevel(parse_log_level(level.strip()) if isinstance(level, str) else int(level))
     if not any(isinstance(h, _StderrUnlessConfigured) for h in logger.handlers):
         logger.addHandler(_StderrUnlessConfigured())
 
@@ -82,10 +70,5 @@ def setup() -> None:
     logger = get_logger()
     if not any(type(h) is logging.NullHandler for h in logger.handlers):
         logger.addHandler(logging.NullHandler())
-    value = os.environ.get(ENV, "").strip()
-    if not value:
-        return
-    try:
-        set_level(value)
-    except ValueError as error:
-        warnings.warn(f"{ENV}={value!r} ignored: {error}", stacklevel=2)
+    if CONFIG.log_level is not None:  # a bad value is a configuration error (device/config.py)
+        set_level(CONFIG.log_level)

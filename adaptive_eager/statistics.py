@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import atexit
 import json
-import os
 from collections import Counter
 
+from .device.config import CONFIG
 from .device.cost_model import PROFILE
 from .device.metrics import COUNTERS
 from .device.queue import QUEUE
@@ -116,7 +116,7 @@ def dump(path: str) -> None:
 
 
 def _dump_at_exit() -> None:
-    path = os.environ.get("NEURON_FUSION_STATS")
+    path = CONFIG.stats_path
     if path:
         flush("exit")
         dump(path)

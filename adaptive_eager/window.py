@@ -27,8 +27,7 @@ from weakref import ref
 
 import torch
 
-from .device.config import CONFIG, env_flag, env_float
-from .device.cost_model import PROFILE
+from .device.config import CONFIG
 from .device.queue import QUEUE
 from .device.storage import TRACKING
 from .fusion.caches import CountingLRU
@@ -42,17 +41,16 @@ LOG = logging.getLogger("adaptive_eager.window")
 
 
 class WindowPolicy:
-    """The window's thresholds (documented in the module docstring and the README)."""
+    """The window's thresholds (documented in the module docstring and the README), from
+    ``device/config.py`` at start; tests and benchmarks change them live."""
 
     def __init__(self) -> None:
-        self.max_ops = int(env_float("NEURON_ADAPTIVE_WINDOW", 128))
-        self.min_ops = int(env_float("NEURON_ADAPTIVE_MIN_WINDOW", 16))
-        self.shallow_us = env_float("NEURON_ADAPTIVE_SHALLOW_US", 20.0)
-        self.dead_intermediates = env_flag("NEURON_ADAPTIVE_ELIMINATE_DEAD", True)
-        self.patterns = env_flag("NEURON_ADAPTIVE_PATTERNS", True)  # the pattern library
-        self.horizontal = env_flag("NEURON_ADAPTIVE_HORIZONTAL", True)  # multi-tensor kernels
+        self.max_ops = CONFIG.window_ops
+        self.min_ops = CONFIG.min_window_ops
+        self.shallow_us = CONFIG.shallow_us
+        self.patterns = True  # the pattern library
         # the on-chip rule's budget: one NeuronCore's SBUF (0 turns the rule off)
-        self.on_chip_bytes = int(env_float("NEURON_ADAPTIVE_ON_CHIP_MB", PROFILE.sbuf_bytes / (1 << 20)) * (1 << 20))
+        self.on_chip_bytes = CONFIG.on_chip_bytes
 
 
 class AdaptiveSink:
@@ -117,15 +115,14 @@ class AdaptiveSink:
         FUSION.flushes[reason] += 1
         if FAILED_SIGNATURES:
             self._mark_failed_unfusable()
-        key = self._structure(records, outputs, not self.policy.dead_intermediates)
+        key = self._structure(records, outputs)
         injecting = QUEUE.faults is not None  # any op may fail: plan afresh, in program order
         plan = None if injecting else self.plan_cache.lookup(key)
         if plan is None:
             escaping = self._escaping_in(records, key)
             plan = plan_window(
                 records, lambda index, position: (index, position) in escaping, self.unfusable,
-                self.kernel_cache, self.policy.on_chip_bytes, self.policy.patterns, self.policy.horizontal,
-                every_op_fallible=injecting,
+                self.kernel_cache, self.policy.on_chip_bytes, self.policy.patterns, every_op_fallible=injecting,
             )
             if not injecting:
                 self.plan_cache[key] = plan
@@ -134,7 +131,7 @@ class AdaptiveSink:
         self._launch(plan, records)
 
     @staticmethod
-    def _structure(records, outputs, keep_all: bool) -> tuple:
+    def _structure(records, outputs) -> tuple:
         """The window's plan-cache key: its structure, flat.
 
         Per op: its signature's number (negated), then the local number of each storage
@@ -168,7 +165,7 @@ class AdaptiveSink:
                     append(None)
                 else:
                     local[storage] = number = len(local)
-                    if keep_all or storage.pinned or (storage.views and storage.has_live_view()):
+                    if storage.pinned or (storage.views and storage.has_live_view()):
                         append(~number)
                     else:
                         if single is not None:

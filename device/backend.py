@@ -45,10 +45,21 @@ class _DeviceGuard(torch._C._acc.DeviceGuard):
         return torch._C._autograd.DeviceType.PrivateUse1
 
 
+def _refuse_bad_configuration() -> None:
+    """The device's first use with a bad ``NEURON_*`` value raises it (device/config.py).
+    Every neuron tensor is born here: a factory or a copy onto the device."""
+    from .config import CONFIG
+
+    problem = CONFIG.problem()
+    if problem is not None:
+        raise ValueError(problem)
+
+
 def _boxed_fallback(op, *args, **kwargs):
     from .dispatch import dispatch
     from .queue import HOST_LOCK
 
+    _refuse_bad_configuration()
     with HOST_LOCK:
         return dispatch(op, args, kwargs)
 
@@ -65,6 +76,7 @@ def _explicit_kernel(op):
         from .dispatch import dispatch
         from .queue import HOST_LOCK
 
+        _refuse_bad_configuration()
         with HOST_LOCK:
             return dispatch(op, args, kwargs)
 
@@ -160,12 +172,8 @@ def freeze_import_time_objects() -> None:
     generation, and each full collection then walks every object torch created at import:
     tens of milliseconds, tripling the host's per-op cost (bench/overhead.py). Frozen
     objects are still freed by reference counting; only cycles among them would not be
-    collected, and at import time there are none to speak of. ``NEURON_GC_FREEZE=0`` opts
-    out.
+    collected, and at import time there are none to speak of.
     """
     import gc
 
-    from .config import env_flag
-
-    if env_flag("NEURON_GC_FREEZE", True):
-        gc.freeze()
+    gc.freeze()

@@ -1,52 +1,131 @@
-"""Environment switches of the simulated device, read once at import.
+"""Every ``NEURON_*`` environment variable, parsed and checked in one place, once, at import.
 
-Every variable starts with ``NEURON_``. Tests and benchmarks change the live values
-through :data:`CONFIG` (``CONFIG.launch_blocking = True``), never by editing
-``os.environ`` after import.
+Entry points: :data:`CONFIG` (the live values) and :data:`VARIABLES` (the table: name,
+type, default, meaning). Tests and benchmarks change live values through ``CONFIG``
+(``CONFIG.launch_blocking = True``), never by editing ``os.environ`` after import.
 
-| variable                   | meaning                                                    |
-| -------------------------- | ---------------------------------------------------------- |
-| NEURON_LAUNCH_BLOCKING=1   | every op runs synchronously and raises at the faulty op    |
-| NEURON_FALLBACK=0          | an op the device lacks raises instead of running on the CPU |
-| NEURON_FULL_STACK=1        | keep the whole Python stack of every op (slow; debugging)  |
-| NEURON_SIM_HBM_GB=<float>  | device memory capacity, GiB (default: one Trn2 chip, 96)   |
-| NEURON_SIM_FAULT=op:n[,..] | fault injection: the n-th kernel running ``op`` fails      |
-| NEURON_TRACE=<path.json>   | write a Chrome trace of host issue and device execution   |
-| NEURON_GC_FREEZE=0         | do not freeze import-time objects out of the cyclic GC     |
+A bad value never breaks ``import torch`` (the device registers on every ``import torch``,
+also in programs that never use it): it is recorded in :data:`CONFIG.errors`, the default
+stands in, and the device's first use raises one line naming the variable, the value and
+what is allowed (``device/backend.py``). Programs that never touch ``neuron`` are
+unaffected.
 """
 from __future__ import annotations
 
+import logging
 import os
 
-
-def env_flag(name: str, default: bool = False) -> bool:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    return value.strip().lower() not in ("0", "false", "no", "off")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 
 
-def env_float(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    if not value:
-        return default
-    try:
-        return float(value)
-    except ValueError as exc:
-        raise ValueError(f"{name}={value!r} is not a number") from exc
+def _flag(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError("expected 1 or 0 (also true/false, yes/no, on/off)")
+
+
+def _number(low: float, strict: bool, kind=float):
+    def parse(text: str):
+        try:
+            value = kind(float(text)) if kind is int and float(text).is_integer() else kind(text)
+        except ValueError:
+            raise ValueError(f"expected {'an integer' if kind is int else 'a number'}") from None
+        if value < low or (strict and value == low):
+            raise ValueError(f"expected a number {'>' if strict else '>='} {low:g}")
+        return value
+
+    return parse
+
+
+def parse_log_level(text: str) -> int:
+    """``"debug"``, ``"DEBUG"`` or ``"10"`` -> 10; ValueError for anything else."""
+    if text.lstrip("-").isdigit():
+        return int(text)
+    level = logging.getLevelName(text.upper())
+    if not isinstance(level, int):
+        raise ValueError("expected DEBUG, INFO, WARNING, ERROR, CRITICAL or a number")
+    return level
+
+
+def parse_fault_spec(text: str) -> tuple:
+    """``aten::mul:3,aten::add:1`` -> (("aten::mul", 3), ("aten::add", 1))."""
+    faults = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, nth = item.rpartition(":")
+        if not name or not nth.isdigit() or int(nth) < 1:
+            raise ValueError("expected op:n[,op:n...], e.g. aten::mul:3 (the 3rd mul kernel fails)")
+        faults.append((name if "::" in name else "aten::" + name, int(nth)))
+    return tuple(faults)
+
+
+def _text(text: str) -> str:
+    return text
+
+
+# (variable, attribute, parse, default, meaning); README's table mirrors this one.
+VARIABLES = (
+    ("NEURON_ADAPTIVE_EAGER", "adaptive", _flag, False, "adaptive eager at start-up (default: strict eager)"),
+    ("NEURON_ADAPTIVE_WINDOW", "window_ops", _number(1, False, int), 128, "most ops a window holds"),
+    ("NEURON_ADAPTIVE_MIN_WINDOW", "min_window_ops", _number(1, False, int), 16,
+     "ops a window holds before the policy may flush it early"),
+    ("NEURON_ADAPTIVE_SHALLOW_US", "shallow_us", _number(0, False), 20.0,
+     "simulated device backlog at or below which the device counts as starved"),
+    ("NEURON_ADAPTIVE_COMPILE", "build_kernels", _flag, True, "build hot fused kernels into one compiled function"),
+    ("NEURON_ADAPTIVE_ON_CHIP_MB", "on_chip_mb", _number(0, False), 24.0,
+     "working set under which any ops may fuse (one NeuronCore's SBUF; 0 turns the rule off)"),
+    ("NEURON_SIM_HOST_US", "host_us_per_op", _number(0, False), 5.0, "simulated host cost of issuing one op"),
+    ("NEURON_SIM_LAUNCH_US", "launch_us", _number(0, False), 10.0, "simulated launch overhead per kernel"),
+    ("NEURON_SIM_LINK_GBPS", "link_gbps", _number(0, True), 100.0, "simulated inter-chip link bandwidth"),
+    ("NEURON_SIM_HBM_GB", "hbm_gb", _number(0, True), 96.0, "simulated device memory (one Trn2 chip)"),
+    ("NEURON_SIM_FAULT", "faults", parse_fault_spec, (), "fault injection: aten::mul:3 makes the 3rd mul kernel fail"),
+    ("NEURON_TRACE", "trace_path", _text, None, "write a Chrome trace of host issue and device execution"),
+    ("NEURON_FUSION_STATS", "stats_path", _text, None, "write the statistics as JSON at exit"),
+    ("NEURON_LAUNCH_BLOCKING", "launch_blocking", _flag, False, "run every op synchronously; errors raise at the op"),
+    ("NEURON_FALLBACK", "fallback", _flag, True, "run ops the device lacks on the CPU (0: raise instead)"),
+    ("NEURON_FULL_STACK", "full_stack", _flag, False, "keep the full Python stack of every op for errors"),
+    ("NEURON_LOG_LEVEL", "log_level", parse_log_level, None, "print the adaptive_eager loggers at this level to stderr"),
+)
 
 
 class DeviceConfig:
-    """Live switches. Attribute reads are on the per-op path, so this is a plain object."""
+    """Live values. Attribute reads are on the per-op path, so this is a plain object."""
 
-    __slots__ = ("launch_blocking", "fallback", "full_stack", "hbm_bytes", "trace_path")
+    __slots__ = tuple(attribute for _, attribute, _, _, _ in VARIABLES) + ("errors",)
 
-    def __init__(self) -> None:
-        self.launch_blocking = env_flag("NEURON_LAUNCH_BLOCKING")
-        self.fallback = env_flag("NEURON_FALLBACK", True)
-        self.full_stack = env_flag("NEURON_FULL_STACK")
-        self.hbm_bytes = int(env_float("NEURON_SIM_HBM_GB", 96.0) * (1 << 30))
-        self.trace_path = os.environ.get("NEURON_TRACE") or None
+    def __init__(self, environ=None) -> None:
+        environ = os.environ if environ is None else environ
+        self.errors = []  # one line per bad value; the device's first use raises them
+        for variable, attribute, parse, default, _ in VARIABLES:
+            text = environ.get(variable, "").strip()
+            value = default
+            if text:
+                try:
+                    value = parse(text)
+                except ValueError as error:
+                    self.errors.append(f"{variable}={text!r} is not valid: {error}")
+            setattr(self, attribute, value)
+
+    @property
+    def hbm_bytes(self) -> int:
+        return int(self.hbm_gb * (1 << 30))
+
+    @hbm_bytes.setter
+    def hbm_bytes(self, value: int) -> None:
+        self.hbm_gb = value / (1 << 30)
+
+    @property
+    def on_chip_bytes(self) -> int:
+        return int(self.on_chip_mb * (1 << 20))
+
+    def problem(self) -> str | None:
+        """What the device's first use raises, or None when every value is valid."""
+        if not self.errors:
+            return None
+        return "; ".join(self.errors) + " (the neuron device reads NEURON_* variables at import)"
 
 
 CONFIG = DeviceConfig()

@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from .config import env_float
+from .config import CONFIG
 
 
 @dataclasses.dataclass
@@ -41,7 +41,7 @@ class DeviceProfile:
     peak_bf16_flops: float = 667e12  # dense BF16/FP16
     peak_fp32_flops: float = 667e12 / 4
     launch_overhead_us: float = dataclasses.field(
-        default_factory=lambda: env_float("NEURON_SIM_LAUNCH_US", 10.0)
+        default_factory=lambda: CONFIG.launch_us
     )
     # On-chip memory of one NeuronCore-v3 (SBUF, 24 MiB): what a fused kernel can keep
     # resident; the adaptive runtime's on-chip fusion rule uses it as its budget.
@@ -50,7 +50,7 @@ class DeviceProfile:
     # simulation: 100 GB/s per direction per link (Trn2's NeuronLink-v3 is faster in
     # aggregate; EFA between nodes is slower). Set NEURON_SIM_LINK_GBPS to try another.
     link_bandwidth_bytes_per_s: float = dataclasses.field(
-        default_factory=lambda: env_float("NEURON_SIM_LINK_GBPS", 100.0) * 1e9
+        default_factory=lambda: CONFIG.link_gbps * 1e9
     )
 
     def collective_time_us(self, nbytes: int, world_size: int, all_to_all: bool) -> float:

@@ -90,6 +90,8 @@ def _convert(entry, value, key, reads):
         return _host_tensor(entry, value, key)
     if kind is torch.device:
         if value.type == "neuron":
+            if value.index:
+                raise invalid_ordinal(value)
             key.append("neuron")
             return CPU
         raise _mismatch(entry, torch.empty(1, device=value) if value.type == "meta" else torch.empty(1))
@@ -98,6 +100,12 @@ def _convert(entry, value, key, reads):
         return value
     key.append(value)
     return value
+
+
+def invalid_ordinal(device) -> RuntimeError:
+    """``neuron:1`` on a machine with one neuron device: raise as CUDA does."""
+    return RuntimeError(f"neuron error: invalid device ordinal: {device} does not exist; the neuron device count is 1, "
+                        "so neuron:0 (or 'neuron') is the only device")
 
 
 def _is_device(value) -> bool:
@@ -300,6 +308,9 @@ def _build_return(entry, structure, outputs, args, kwargs):
 
 def _allocate(entry, args, kwargs):
     """``empty``-like ops: a fresh storage, allocated on the host, no kernel."""
+    device = kwargs.get("device")
+    if device is not None and device.index:
+        raise invalid_ordinal(device)
     meta_kwargs = {k: (torch.device("meta") if isinstance(v, torch.device) else v) for k, v in kwargs.items()}
     meta_args = [
         torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta") if isinstance(a, _Tensor) else a

@@ -89,7 +89,10 @@ class KernelFailure:
         if stack:
             lines.append("  issued from (most recent call last):")
             lines += ["    " + line.rstrip() for line in _format_stack(stack)]
-        lines.append(LAUNCH_BLOCKING_HINT)
+        from .config import CONFIG
+
+        if not CONFIG.launch_blocking:  # with it set, this is raised at the faulty op already
+            lines.append(LAUNCH_BLOCKING_HINT)
         return "\n".join(lines)
 
 

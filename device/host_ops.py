@@ -81,6 +81,9 @@ def _upload(source: torch.Tensor, kwargs):
             f"{source.layout} tensors are not supported on the neuron device; convert with "
             ".to_dense() first"
         )
+    device = kwargs.get("device")
+    if device is not None and device.index:
+        raise _dispatch.invalid_ordinal(device)
     return _dispatch.launch(op_entry(aten._to_copy.default), (source,), kwargs, escapes=True)
 
 

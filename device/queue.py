@@ -34,7 +34,7 @@ import time
 
 import torch
 
-from .config import env_float
+from .config import CONFIG, parse_fault_spec
 from .errors import FailureState, KernelFailure, NeuronRuntimeError
 from .metrics import COUNTERS
 from .storage import keep_freed_memory
@@ -57,14 +57,12 @@ class Fence:
 class FaultInjector:
     """Make the n-th kernel running a given op fail, for tests (``NEURON_SIM_FAULT``)."""
 
-    def __init__(self, spec: str = "") -> None:
+    def __init__(self, faults=()) -> None:
+        """``faults``: (op name, n) pairs, or their ``NEURON_SIM_FAULT`` spelling."""
         self.targets: dict[str, set[int]] = {}
         self.seen: dict[str, int] = {}
-        for item in filter(None, (part.strip() for part in spec.split(","))):
-            name, _, nth = item.rpartition(":")
-            if not name or not nth.isdigit():
-                raise ValueError(f"NEURON_SIM_FAULT entry {item!r} is not 'aten::op:n'")
-            self.add(name, int(nth))
+        for name, nth in parse_fault_spec(faults) if isinstance(faults, str) else faults:
+            self.add(name, nth)
 
     def add(self, op_name: str, nth: int) -> None:
         if "::" not in op_name:
@@ -110,13 +108,12 @@ class ExecutionQueue:
         self.completed = 0  # items the worker finished (device side)
         self.failures = FailureState()
         self.poison_seen = False  # a storage was ever poisoned: kernels check their inputs
-        spec = os.environ.get("NEURON_SIM_FAULT", "")
-        self.faults: FaultInjector | None = FaultInjector(spec) if spec else None
+        self.faults: FaultInjector | None = FaultInjector(CONFIG.faults) if CONFIG.faults else None
         # The simulated timeline (deterministic: costs only, never host timing):
         self.clock_us = 0.0  # device busy time: the sum of launched kernels' times
         self.host_us = 0.0  # host clock: host_us_per_op per issued op; waits at sync points
         self.device_free_us = 0.0  # when the device finishes the last launched kernel
-        self.host_us_per_op = env_float("NEURON_SIM_HOST_US", 5.0)
+        self.host_us_per_op = CONFIG.host_us_per_op
         self.kernel_totals: dict = {}  # kernel name or op -> [launches, simulated us, bytes]
         self.trace = None  # a device.trace.TraceRecorder while tracing
         self.last_on_stream: dict[int, int] = {}  # stream id -> sequence of its last item
@@ -124,8 +121,8 @@ class ExecutionQueue:
         self._batch: list = []
         self._batch_bytes = 0
         self._batch_ops = 0
-        self.batch_items = int(os.environ.get("NEURON_QUEUE_BATCH", "1024"))
-        self.batch_bytes = int(float(os.environ.get("NEURON_QUEUE_BATCH_MB", "1")) * (1 << 20))
+        self.batch_items = 1024
+        self.batch_bytes = 1 << 20
 
     # -- host side -------------------------------------------------------------------
     def submit(self, item, stream_id: int = 0, nbytes: int = 0, ops: int = 1) -> int:
@@ -144,8 +141,8 @@ class ExecutionQueue:
     def ring(self) -> None:
         """Hand the batched items to the device worker (the doorbell).
 
-        The host rings when a batch is full (``NEURON_QUEUE_BATCH`` items, or
-        ``NEURON_QUEUE_BATCH_MB`` of memory traffic: enough work to overlap with the host)
+        The host rings when a batch is full (``batch_items`` launches, or ``batch_bytes`` of
+        memory traffic: enough work to overlap with the host)
         and at every sync point. Ringing per item would make the two threads trade the GIL
         on every op: each torch call on the host releases it, and the waiting worker takes
         it; batching keeps the host's per-op cost near a plain wrapper's

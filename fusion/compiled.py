@@ -37,12 +37,12 @@ import typing
 
 import torch
 
-from adaptive_eager.device.config import env_flag
+from adaptive_eager.device.config import CONFIG
 from adaptive_eager.device.kernel import resolve
 from adaptive_eager.device.storage import DeviceStorage, ViewRef
 
 LOG = logging.getLogger("adaptive_eager.fusion")
-ENABLED = env_flag("NEURON_ADAPTIVE_COMPILE", True)
+ENABLED = CONFIG.build_kernels
 HOT_AFTER = 2  # a kernel is built at its second launch
 
 

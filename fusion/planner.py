@@ -249,7 +249,7 @@ def _fuse_horizontally(groups, group_of, records, graph, members_of) -> None:
 
 
 def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_chip_bytes: int = 0,
-                patterns: bool = True, horizontal: bool = True, every_op_fallible: bool = False) -> Plan:
+                patterns: bool = True, every_op_fallible: bool = False) -> Plan:
     """Group the window's records into kernels.
 
     ``escapes(index, position)`` tells whether a record's output is still referenced from
@@ -314,8 +314,7 @@ def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_c
             refusals[reason] = refusals.get(reason, 0) + 1
             LOG.debug("not fusing %s -> %s: %s", records[u].name, records[v].name, reason)
 
-    if horizontal:
-        _fuse_horizontally(groups, group_of, records, graph, members_of)
+    _fuse_horizontally(groups, group_of, records, graph, members_of)
 
     # launch order: a topological order of the groups, smallest first position first
     quotient = nx.DiGraph()

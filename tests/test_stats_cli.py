@@ -334,9 +334,12 @@ def test_application_logging_gets_each_record_once(tmp_path):
     assert app and ours == []
 
 
-def test_bad_log_level_warns_and_is_ignored(tmp_path):
-    result = run_loop(tmp_path, "strict", {"NEURON_LOG_LEVEL": "LOUD"}, script="import adaptive_eager")
-    assert "NEURON_LOG_LEVEL='LOUD' ignored" in result.stderr
+def test_a_bad_log_level_is_a_configuration_error(tmp_path):
+    """Like every NEURON_* value (tests/test_configuration.py): the import works, the
+    device's first use names the variable."""
+    script = "import adaptive_eager, torch\ntry:\n    torch.ones(1, device='neuron')\nexcept ValueError as e:\n    print(e)"
+    result = run_loop(tmp_path, "strict", {"NEURON_LOG_LEVEL": "LOUD"}, script=script)
+    assert "NEURON_LOG_LEVEL='LOUD' is not valid: expected DEBUG, INFO, WARNING, ERROR, CRITICAL" in result.stdout
 
 
 @pytest.fixture
