@@ -160,6 +160,14 @@ def _probe_bin_edges(op, meta_args, meta_kwargs):
     return _probe_on_cpu(op, meta_args, meta_kwargs, increasing=(1,))
 
 
+def _like_first_input(op, meta_args, meta_kwargs):
+    """Random ops with no meta kernel whose output is shaped like their first input: a
+    CPU probe would draw from the CPU's generator on the host."""
+    return torch.empty_like(meta_args[0])
+
+
+META_OVERRIDES[_aten.binomial.default] = _like_first_input
+META_OVERRIDES[_aten._sample_dirichlet.default] = _like_first_input
 META_OVERRIDES[_aten.histogram.bins_tensor] = _probe_bin_edges
 META_OVERRIDES[_aten._histogramdd_from_bin_tensors.default] = _probe_bin_edges
 META_OVERRIDES.update({
@@ -202,6 +210,8 @@ def infer(entry, args, kwargs, is_device=lambda value: False) -> Inference | str
     op = entry.op
     meta_args = _to_meta(args)
     meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
+    if entry.generator_arg is not None:  # a rewritten overload may require it (rand_like.generator)
+        meta_kwargs.setdefault(entry.generator_arg, None)
     for index, name in entry.mutated:
         # Meta kernels skip the CPU's internal-overlap check on written tensors (an
         # in-place op on an expanded tensor): let the CPU decide, and raise its error.

@@ -84,10 +84,11 @@ _FALLIBLE_BY_OP: dict = {}
 
 
 def fallible(record) -> bool:
-    """Can this op fail on the values of its inputs (not only on their shapes, which the
-    host checks)? Indexing with an index out of range, a random op with a probability out
-    of range, integer division by zero. The dependency graph runs no later op before a
-    fallible one, so that a failure drops exactly what strict eager drops."""
+    """Is this op's place in program order observable? It can fail on the values of its
+    inputs (not only on their shapes, which the host checks: an index out of range,
+    integer division by zero), or it is random (its draws depend on the draws before it;
+    some also check their probabilities). The dependency graph runs no later op before
+    such an op (``graph.py``, ``ordered`` edges)."""
     op = record.op
     known = _FALLIBLE_BY_OP.get(op)
     if known is None:

@@ -5,13 +5,14 @@ Entry points: :func:`build_graph` (window records -> ``networkx.DiGraph``) and
 
 Nodes are record positions in the window. Edges say "must run after", with a ``kind``:
 
-- ``raw``: reads a storage an earlier op wrote (data flow);
+- ``raw``: reads a storage an earlier op wrote (data flow). An op that writes in place
+  also reads what it writes (a record's ``reads`` hold every tensor argument), so this
+  edge also orders two writes of one storage (write after write);
 - ``war``: writes a storage an earlier op read (an in-place op after a reader);
-- ``waw``: writes a storage an earlier op wrote;
-- ``rng``: both draw from the device generator, so their order fixes the numbers;
-- ``after_fallible``: an op that can fail on its data (``categories.fallible``: an index
-  out of range) runs before every later op, so that a failure drops exactly the ops
-  issued after it, as in strict eager (docs/ARCHITECTURE.md, "Errors"). With
+- ``ordered``: the op's place in program order is observable, so it runs before every
+  later op: it can fail on its data (``categories.fallible``: an index out of range) and a
+  failure must drop exactly the ops issued after it, as in strict eager; or it draws from
+  the device generator, and the order of draws fixes the numbers. With
   ``every_op_fallible`` (fault injection, which can strike any op) the window runs in
   program order.
 
@@ -24,7 +25,7 @@ from collections import deque
 
 import networkx as nx
 
-from .categories import RANDOM, category, fallible
+from .categories import fallible
 
 
 def build_graph(records, every_op_fallible: bool = False) -> nx.DiGraph:
@@ -32,8 +33,7 @@ def build_graph(records, every_op_fallible: bool = False) -> nx.DiGraph:
     graph.add_nodes_from(range(len(records)))
     last_writer: dict = {}
     readers: dict = {}
-    last_random = None
-    last_fallible = None
+    last_ordered = None
 
     def depend(before: int, after: int, kind: str) -> None:
         if before != after and not graph.has_edge(before, after):
@@ -44,20 +44,13 @@ def build_graph(records, every_op_fallible: bool = False) -> nx.DiGraph:
             writer = last_writer.get(storage)
             if writer is not None:
                 depend(writer, index, "raw")
-        if last_fallible is not None:
-            depend(last_fallible, index, "after_fallible")
-        if every_op_fallible or fallible(record):
-            last_fallible = index
         for storage in record.writes:
-            writer = last_writer.get(storage)
-            if writer is not None:
-                depend(writer, index, "waw")
             for reader in readers.get(storage, ()):
                 depend(reader, index, "war")
-        if category(record.op) == RANDOM:
-            if last_random is not None:
-                depend(last_random, index, "rng")
-            last_random = index
+        if last_ordered is not None:
+            depend(last_ordered, index, "ordered")
+        if every_op_fallible or fallible(record):
+            last_ordered = index
         for storage in record.reads:
             readers.setdefault(storage, []).append(index)
         for storage in record.writes:

@@ -2,8 +2,13 @@
 view, in-place-on-view, broadcasting, mixed-dtype and seeded-random ops run on the CPU, in
 strict eager and in adaptive eager; every tensor they leave must agree.
 
+Programs also drop their references to values at random, so values die mid-program: the
+adaptive window then eliminates dead intermediates and the planner reorders around them,
+as in real code.
+
 The default run tries 200 programs. ``HYPOTHESIS_PROFILE=thorough python -m pytest
-tests/test_differential.py`` tries 5,000.
+tests/test_differential.py`` tries 5,000, and ``HYPOTHESIS_PROFILE=long`` 10,000 (about
+20 minutes here; the figure in the closing note of the correctness issue).
 """
 import os
 
@@ -17,6 +22,7 @@ import adaptive_eager
 
 settings.register_profile("default", max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 settings.register_profile("thorough", max_examples=5000, deadline=None, suppress_health_check=list(HealthCheck))
+settings.register_profile("long", max_examples=10000, deadline=None, suppress_health_check=list(HealthCheck))
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 SHAPES = [(4, 6), (6,), (4, 1), (1, 6), ()]  # all broadcast to (4, 6)
@@ -60,6 +66,8 @@ instruction = st.one_of(
     st.tuples(st.just("view"), st.sampled_from(["expand", "unsqueeze_squeeze", "row"]), st.integers(0, 63)),
     st.tuples(st.just("inplace_view"), st.sampled_from(["row_mul", "strided_add", "column_fill"]), st.integers(0, 63)),
     st.tuples(st.just("dropout"), st.integers(0, 63)),
+    st.tuples(st.just("drop"), st.integers(0, 63)),
+    st.tuples(st.just("drop"), st.integers(0, 63)),
 )
 
 
@@ -106,6 +114,8 @@ def run_program(program, inputs, weight, device):
             t = pool[step[1] % len(pool)]
             if t.is_floating_point():
                 pool.append(F.dropout(t, 0.25, training=True))
+        elif kind == "drop" and len(pool) > 2:
+            del pool[step[1] % len(pool)]  # the value dies here: no reference is left
     return [t.cpu() for t in pool]
 
 

@@ -191,3 +191,13 @@ def test_random_ops_keep_their_order_inside_one_fused_window():
         return [t.cpu() for t in (d, b, a)]
 
     _assert_identical(program("neuron"), program("cpu"))
+
+
+@pytest.mark.parametrize("name", sorted(RANDOM_OPS))
+def test_random_ops_are_queued_not_run_on_the_host(name):
+    """Drawing on the device's generator keeps random ops on the queue: no sync point."""
+    x = _input("neuron")
+    torch.neuron.synchronize()
+    adaptive_eager.reset_stats()
+    RANDOM_OPS[name]("neuron", x, None)
+    assert dict(adaptive_eager.stats()["sync_points"]) == {}
