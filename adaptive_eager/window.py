@@ -23,13 +23,10 @@ group becomes one launch: a fused kernel, or the op itself when it fuses with no
 from __future__ import annotations
 
 import logging
-from weakref import ref
-
 import torch
 
 from .device.config import CONFIG
 from .device.queue import QUEUE
-from .device.storage import TRACKING
 from .fusion.caches import CountingLRU
 from .fusion.categories import BARRIER, category
 from .fusion.kernels import FAILED_SIGNATURES, KernelCache, WindowLaunches
@@ -59,7 +56,6 @@ class AdaptiveSink:
     def __init__(self, policy: WindowPolicy | None = None) -> None:
         self.policy = policy or WindowPolicy()
         self.records: list = []
-        self.outputs: list = []  # per record: a weak reference to its output, or a list of them
         self.plan_cache = CountingLRU(maxsize=1024)  # plans by window structure
         self.kernel_cache = KernelCache()
         self.unfusable: set = set()
@@ -69,7 +65,7 @@ class AdaptiveSink:
         FUSION.caches["kernel_cache"] = self.kernel_cache
 
     # -- recording ---------------------------------------------------------------------
-    def record(self, record, outputs=()) -> None:
+    def record(self, record) -> None:
         op = record.op
         barrier = self.barrier_by_op.get(id(op))
         if barrier is None:
@@ -89,18 +85,7 @@ class AdaptiveSink:
         elif count >= policy.min_ops and QUEUE.device_free_us - QUEUE.host_us <= policy.shallow_us:
             self.flush("queue_shallow")  # the device is starved (QUEUE.backlog_us(), inlined)
             records = self.records
-        if outputs:  # none given: they outlive the window (an upload's), nothing to watch
-            for storage in record.results:
-                if storage is not None:
-                    storage.views = TRACKING  # track views of it until the flush
         records.append(record)
-        # Weak references: holding the outputs would change PyTorch's behaviour (autograd
-        # steals a gradient buffer only when nothing else references it).
-        # One output (the common case): its reference alone, no container to allocate.
-        if len(outputs) == 1 and outputs[0] is not None:
-            self.outputs.append(ref(outputs[0]))
-        else:
-            self.outputs.append([None if tensor is None else ref(tensor) for tensor in outputs])
         if CONFIG.launch_blocking:
             self.flush("launch_blocking")
             QUEUE.wait()
@@ -110,12 +95,11 @@ class AdaptiveSink:
         records = self.records
         if not records:
             return
-        outputs = self.outputs
-        self.records, self.outputs = [], []
+        self.records = []
         FUSION.flushes[reason] += 1
         if FAILED_SIGNATURES:
             self._mark_failed_unfusable()
-        key = self._structure(records, outputs)
+        key = self._structure(records)
         injecting = QUEUE.faults is not None  # any op may fail: plan afresh, in program order
         plan = None if injecting else self.plan_cache.lookup(key)
         if plan is None:
@@ -131,21 +115,21 @@ class AdaptiveSink:
         self._launch(plan, records)
 
     @staticmethod
-    def _structure(records, outputs) -> tuple:
+    def _structure(records) -> tuple:
         """The window's plan-cache key: its structure, flat.
 
         Per op: its signature's number (negated), then the local number of each storage
         it reads, writes and produces (data flow and aliasing; numbers in order of first
         appearance). The signature fixes how many of each there are, so nothing separates
-        the three lists. An *escaping* output's number is
-        complemented (negative): one still needed after the flush because it is still
-        referenced (by the user, autograd's saved tensors, a container), viewed by a live
-        view, or pinned. Built in one pass at every flush: this is host time per op."""
+        the three lists. An *escaping* output's number is complemented (negative): one
+        still needed after the flush, because its storage is still referenced (by the
+        user, a view, autograd's saved tensors, an optimizer's state: ``DeviceStorage.alive``).
+        Built in one pass at every flush: this is host time per op."""
         local: dict = {}
         parts = []
         append = parts.append
         get = local.get
-        for index, record in enumerate(records):
+        for record in records:
             append(-record.key_id)
             for storage in record.reads:
                 number = get(storage)
@@ -157,24 +141,12 @@ class AdaptiveSink:
                 if number is None:
                     number = local[storage] = len(local)
                 append(number)
-            tensors = outputs[index]
-            single = tensors if type(tensors) is ref else None
-            position = 0
             for storage in record.results:
                 if storage is None:
                     append(None)
                 else:
                     local[storage] = number = len(local)
-                    if storage.pinned or (storage.views and storage.has_live_view()):
-                        append(~number)
-                    else:
-                        if single is not None:
-                            weak = single
-                        else:
-                            weak = tensors[position] if position < len(tensors) else None
-                        append(~number if weak is None or weak() is not None else number)
-                    storage.views = None  # decided: stop tracking its views
-                position += 1
+                    append(~number if storage.alive else number)
         return tuple(parts)
 
     @staticmethod

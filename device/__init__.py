@@ -15,6 +15,5 @@ from .errors import NeuronRuntimeError, PoisonedTensorError  # noqa: E402
 from .metrics import COUNTERS  # noqa: E402
 from .queue import QUEUE  # noqa: E402
 from .sync import synchronize  # noqa: E402
-from .tensor import NeuronTensor  # noqa: E402
 
-__all__ = ["NeuronRuntimeError", "PoisonedTensorError", "COUNTERS", "QUEUE", "NeuronTensor", "register", "synchronize"]
+__all__ = ["NeuronRuntimeError", "PoisonedTensorError", "COUNTERS", "QUEUE", "register", "synchronize"]

@@ -4,40 +4,33 @@ Entry point: :func:`register` (idempotent). It runs on ``import torch`` through 
 ``torch.backends`` entry point (PyTorch's autoload convention), or on
 ``import adaptive_eager``. It:
 
-1. renames PrivateUse1 to ``neuron`` and installs ``torch.neuron`` (``device/api.py``),
-   device hooks and a device guard, so ``torch.device('neuron')``, ``t.neuron()``,
+1. renames PrivateUse1 to ``neuron`` and installs ``torch.neuron`` (``device/api.py``)
+   and a device guard, so ``torch.device('neuron')``, ``t.neuron()``,
    ``module.to('neuron')`` and ``torch.accelerator`` work;
-2. registers a boxed fallback at the PrivateUse1 key: it receives what has no neuron
-   tensor argument yet names the device (factories: ``torch.zeros(..., device='neuron')``)
-   and sends it to the dispatcher, like every op on a ``NeuronTensor``;
-3. registers mixed precision for ``torch.autocast('neuron')`` (``device/autocast.py``);
-4. routes ``torch.accelerator.synchronize`` to ``torch.neuron.synchronize`` (PyTorch's
-   Python device guard cannot synchronize). Streams are ``torch.neuron.Stream``;
-   ``torch.accelerator.current_stream()`` reports the guard's default stream.
+2. loads the C++ hooks (``device/csrc/neuron.cpp``): the device allocator, storage
+   resizing, pinned host memory and generators;
+3. sends every aten op on a neuron tensor, and every factory naming the device, to the
+   dispatcher (``dispatch.dispatch``): one boxed fallback at the PrivateUse1 key for the
+   ops with no kernel for the device, and a PrivateUse1 kernel for each op whose
+   composite would otherwise run (structured ops would arrive as ``empty`` plus ``.out``,
+   ``full`` as ``empty`` plus ``fill_``), so that each op reaches it whole, as written;
+4. registers mixed precision for ``torch.autocast('neuron')`` (``device/autocast.py``);
+5. routes ``torch.accelerator.synchronize`` to ``torch.neuron.synchronize`` (PyTorch's
+   Python device guard cannot synchronize).
 """
 from __future__ import annotations
 
 import atexit
 import functools
+import warnings
 
 import torch
-from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+from torch._C import _current_graph_task_id
 
 from . import api
 from .autocast import register_autocast
 
 _STATE = {"registered": False, "libraries": []}
-
-
-class _Hooks(torch._C._acc.PrivateUse1Hooks):
-    def is_available(self) -> bool:
-        return True
-
-    def has_primary_context(self, device_index) -> bool:
-        return True
-
-    def is_built(self) -> bool:
-        return True
 
 
 class _DeviceGuard(torch._C._acc.DeviceGuard):
@@ -47,7 +40,7 @@ class _DeviceGuard(torch._C._acc.DeviceGuard):
 
 def _refuse_bad_configuration() -> None:
     """The device's first use with a bad ``NEURON_*`` value raises it (device/config.py).
-    Every neuron tensor is born here: a factory or a copy onto the device."""
+    Every neuron tensor is born in a kernel registered here."""
     from .config import CONFIG
 
     problem = CONFIG.problem()
@@ -55,32 +48,104 @@ def _refuse_bad_configuration() -> None:
         raise ValueError(problem)
 
 
-def _boxed_fallback(op, *args, **kwargs):
-    from .dispatch import dispatch
+def _handle(op, args, kwargs):
+    """One op on the device: the dispatcher, under the host lock. An error inside
+    ``backward()`` is deferred to the next sync point instead (``defer_in_backward``):
+    PyTorch aborts the process when an error leaves a device op on the autograd engine's
+    thread."""
+    from .dispatch import defer_in_backward, dispatch
     from .queue import HOST_LOCK
 
     _refuse_bad_configuration()
     with HOST_LOCK:
-        return dispatch(op, args, kwargs)
-
-
-# Ops that C++ code calls on neuron tensors with the Python dispatch key excluded
-# (``torch.tensor(data, device='neuron')`` copies under such a guard). They reach the
-# PrivateUse1 key, where a boxed Python *fallback* cannot take tensor arguments (PyTorch
-# asserts), so each gets an explicit PrivateUse1 kernel that calls the dispatcher.
-_EXPLICIT_OPS = ("copy_", "_to_copy", "_copy_from", "_copy_from_and_resize", "detach", "alias", "view", "lift_fresh")
-
-
-def _explicit_kernel(op):
-    def kernel(*args, **kwargs):
-        from .dispatch import dispatch
-        from .queue import HOST_LOCK
-
-        _refuse_bad_configuration()
-        with HOST_LOCK:
+        try:
             return dispatch(op, args, kwargs)
+        except Exception as error:
+            if _current_graph_task_id() == -1:  # not inside backward: raise as usual
+                raise
+            result = defer_in_backward(op, args, kwargs, error)
+            if result is None:
+                raise
+            return result
+
+
+def _boxed_fallback(op, *args, **kwargs):
+    return _handle(op, args, kwargs)
+
+
+def _kernel_for(op):
+    def kernel(*args, **kwargs):
+        return _handle(op, args, kwargs)
 
     return kernel
+
+
+def _whole_ops():
+    """The aten overloads whose composite kernel would run for the device (and decompose
+    them) unless the device has a kernel of its own: ``CompositeExplicitAutograd`` and
+    its non-functional variant. ``CompositeImplicitAutograd`` ops decompose above the
+    device, as on every backend; ops with backend kernels only reach the fallback. Views
+    keep their composites, which make the view in C++ as on any device (FakeTensor calls
+    them on tensors of its own, which no Python kernel may wrap)."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    for name in torch._C._dispatch_get_all_op_names():
+        if not name.startswith("aten::") or has(name, "CompositeImplicitAutograd") or has(name, "PrivateUse1"):
+            continue
+        if has(name, "CompositeExplicitAutograd") or has(name, "CompositeExplicitAutogradNonFunctional"):
+            qualified = name[len("aten::"):]
+            packet, _, overload = qualified.partition(".")
+            op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+            if op.is_view or torch.Tag.inplace_view in op.tags:
+                continue
+            yield op
+
+
+def _register_kernels() -> None:
+    fallback = torch.library.Library("_", "IMPL")
+    fallback.fallback(_boxed_fallback, dispatch_key="PrivateUse1")
+    whole = torch.library.Library("aten", "IMPL")
+    for op in _whole_ops():
+        whole.impl(op._schema.name[len("aten::"):] + (f".{op._overloadname}" if op._overloadname != "default" else ""),
+                   _kernel_for(op), "PrivateUse1")
+    # c10d's collectives have PrivateUse1 kernels that hand the tensors to the process
+    # group's backend, which cannot read device memory: the device runs them on the host
+    # bytes (device/collectives.py) instead.
+    collectives = torch.library.Library("c10d", "IMPL")
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "overriding a previously registered kernel"
+        for name in torch._C._dispatch_get_all_op_names():
+            if name.startswith("c10d::") and has(name, "PrivateUse1"):
+                qualified = name[len("c10d::"):]
+                packet, _, overload = qualified.partition(".")
+                op = getattr(getattr(torch.ops.c10d, packet), overload or "default")
+                collectives.impl(qualified, _kernel_for(op), "PrivateUse1")
+    # `param.data = device_tensor` (module.to keeps each Parameter's identity so, and
+    # tied weights stay tied): CPU and neuron tensors are both dense, as CPU and CUDA
+    # are; PyTorch leaves the answer for PrivateUse1 to the backend.
+    whole.impl("_has_compatible_shallow_copy_type", _dense_both, "PrivateUse1")
+    _STATE["libraries"] += [fallback, whole, collectives]
+
+
+def _dense_both(tensor, other) -> bool:
+    return tensor.layout == torch.strided and other.layout == torch.strided
+
+
+def _load_hooks() -> None:
+    """The C++ hooks: allocator, storage resizing, pinned memory, generators."""
+    from . import _native
+    from .random import GENERATOR
+    from .storage import DeviceStorage
+    from .sync import synchronize
+
+    def resize(storage, nbytes):
+        synchronize("storage_resize")
+        if storage is None:
+            return DeviceStorage.of_bytes(nbytes)
+        storage.resize_bytes(nbytes)
+        return storage
+
+    _native.init(GENERATOR, lambda: synchronize("rng_state"), resize)
 
 
 def _route_to_neuron(name: str, neuron_function) -> None:
@@ -120,21 +185,14 @@ def register() -> None:
             "out-of-tree PrivateUse1 device, so 'neuron' cannot be registered."
         )
     if name == "privateuseone":
-        _setup_privateuseone_for_python_backend(
-            "neuron", backend_module=api, hook=_Hooks(), device_guard=_DeviceGuard()
-        )
-    library = torch.library.Library("_", "IMPL")
-    library.fallback(_boxed_fallback, dispatch_key="PrivateUse1")
-    _STATE["libraries"].append(library)
-    explicit = torch.library.Library("aten", "IMPL")
-    for name in _EXPLICIT_OPS:
-        explicit.impl(name, _explicit_kernel(getattr(torch.ops.aten, name).default), "PrivateUse1")
-    _STATE["libraries"].append(explicit)
+        torch.utils.rename_privateuse1_backend("neuron")
+        torch.utils.generate_methods_for_privateuse1_backend()
+        torch._register_device_module("neuron", api)
+        torch._C._acc.register_python_privateuseone_device_guard(_DeviceGuard())
+    _load_hooks()
+    _register_kernels()
     register_autocast()
     _patch_accelerator()
-    from .tensor import NeuronTensor  # (imports the dispatcher)
-
-    _enable_multi_tensor_paths(NeuronTensor)
     from .queue import QUEUE
 
     atexit.register(QUEUE.drain)
@@ -143,23 +201,6 @@ def register() -> None:
     start_from_environment()
     freeze_import_time_objects()
     _STATE["registered"] = True
-
-
-def _enable_multi_tensor_paths(tensor_type) -> None:
-    """Let torch.optim and clip_grad_norm_ take their multi-tensor (foreach) paths on
-    ``neuron``, as they do on CUDA and on any C++ PrivateUse1 backend.
-
-    PyTorch chooses foreach by default for a device in
-    ``_get_foreach_kernels_supported_devices()`` (which lists PrivateUse1) when every
-    parameter's type is in ``_foreach_supported_types``. A device written in Python has
-    its tensors in a subclass, so without this the type check alone sends every optimizer
-    step down the per-parameter loop. PyTorch registers DTensor in the same two lists."""
-    from torch.optim import optimizer as _optimizer
-    from torch.utils import _foreach_utils
-
-    for supported in (_optimizer._foreach_supported_types, _foreach_utils._foreach_supported_types):
-        if tensor_type not in supported:
-            supported.append(tensor_type)
 
 
 def freeze_import_time_objects() -> None:

@@ -25,7 +25,7 @@ from .host_ops import host_call_args, upload_result
 from .metrics import COUNTERS
 from .queue import QUEUE
 from .streams import STATE as _STREAMS
-from .tensor import NeuronTensor
+from .tensor import describe
 
 _ALL_TO_ALL = ("allreduce", "reduce_scatter", "all_reduce")
 # Point-to-point ops return their work unwaited: gloo's send/recv work completes once, so
@@ -37,7 +37,7 @@ _POINT_TO_POINT = ("c10d::send", "c10d::recv_", "c10d::recv_any_source_")
 
 def _device_tensors(values):
     for value in values:
-        if type(value) is NeuronTensor:
+        if describe(value) is not None:
             yield value
         elif isinstance(value, (list, tuple)):
             yield from _device_tensors(value)

@@ -1,12 +1,14 @@
 """Op interception: every aten op on a neuron tensor, and every factory with
-``device='neuron'``, arrives at :func:`dispatch`.
+``device='neuron'``, arrives at :func:`dispatch` (from the PrivateUse1 kernels
+``device/backend.py`` registers).
 
 What happens to an op depends on its kind (``op_table``):
 
 - kernels (functional, in-place, ``out=``, factories) are *recorded*: output metadata from
   cached shape inference, output tensors created at once over fresh storages, and an
   :class:`OpRecord` handed to the sink (strict: launched at once; adaptive: buffered);
-- views run on the host at once, over the CPU backing tensor; they launch nothing;
+- views and in-place metadata changes run on the host at once (``views.py``): the CPU
+  kernel makes the new metadata over the same storage; they launch nothing;
 - host reads (``item``, printing, ``.cpu()``) and data-dependent ops (``nonzero``) are
   sync points; ops without a meta kernel run on the CPU fallback, counted by name.
 
@@ -27,11 +29,11 @@ from .op_table import (
     _ENTRIES, COLLECTIVE, COPY, DATA_DEPENDENT, DECOMPOSE, HOST_READ, KERNEL, METADATA, NO_OP, VIEW, op_entry,
 )
 from .queue import QUEUE
-from .random import GENERATOR
+from .random import GENERATOR, generator_twin
 from .shapes import NO_META, SHAPE_CACHE, SHAPE_CACHE_SIZE, MetaRejected, infer
 from .storage import DeviceStorage, storage_nbytes
 from .streams import STATE as _STREAMS
-from .tensor import NeuronTensor, set_wrapper_metadata, wrap_fresh
+from .tensor import describe, device_tensor, reference, storage_of
 
 aten = torch.ops.aten
 CPU = torch.device("cpu")
@@ -67,16 +69,21 @@ def _host_tensor(entry, tensor, key):
 
 
 def _convert(entry, value, key, reads):
-    """Record one non-NeuronTensor argument: returns its reference, extends the key."""
+    """Record one argument that is not a neuron tensor: returns its reference, extends the
+    key."""
     kind = type(value)
     if kind is list or kind is tuple:
         sub = []
         refs = []
         for item in value:
-            if type(item) is NeuronTensor:
-                sub.append(item._sig)
-                reads.append(item._storage)
-                refs.append(item._ref)
+            described = describe(item)
+            if described is not None:
+                signature, storage, covers = described
+                if storage is None:
+                    storage = storage_of(item)
+                sub.append(signature)
+                reads.append(storage)
+                refs.append(storage if covers else reference(item, signature, storage, covers))
             else:
                 refs.append(_convert(entry, item, sub, reads))
         key.append(tuple(sub))
@@ -87,6 +94,8 @@ def _convert(entry, value, key, reads):
             key.append(value)
         return value
     if isinstance(value, _Tensor):
+        if value.device.type == "neuron":  # a neuron tensor of no storage (FakeTensor's own)
+            raise _mismatch(entry, value)
         return _host_tensor(entry, value, key)
     if kind is torch.device:
         if value.type == "neuron":
@@ -109,24 +118,29 @@ def invalid_ordinal(device) -> RuntimeError:
 
 
 def _is_device(value) -> bool:
-    return type(value) is NeuronTensor
+    return describe(value) is not None
 
 
 def _record_call(entry, args, kwargs):
     """Convert the call: (key parts, reference args, reference kwargs, storages read,
-    whether a list argument holds references)."""
+    whether an argument needs more than a storage lookup to resolve)."""
     key = [entry.serial]
     reads = []
     refs = []
     nested = False
     for value in args:
-        if type(value) is NeuronTensor:
-            key.append(value._sig)
-            reads.append(value._storage)
-            ref = value._ref
-            if type(ref) is not DeviceStorage:
+        described = describe(value)
+        if described is not None:
+            signature, storage, covers = described
+            if storage is None:
+                storage = storage_of(value)
+            key.append(signature)
+            reads.append(storage)
+            if covers:
+                refs.append(storage)
+            else:
                 nested = True
-            refs.append(ref)
+                refs.append(reference(value, signature, storage, covers))
         else:
             if type(value) is list or type(value) is tuple:
                 nested = True
@@ -135,18 +149,30 @@ def _record_call(entry, args, kwargs):
     if kwargs:
         for name, value in kwargs.items():
             key.append(name)
-            if type(value) is NeuronTensor:
-                key.append(value._sig)
-                reads.append(value._storage)
-                ref = kwrefs[name] = value._ref
-                if type(ref) is not DeviceStorage:
+            described = describe(value)
+            if described is not None:
+                signature, storage, covers = described
+                if storage is None:
+                    storage = storage_of(value)
+                key.append(signature)
+                reads.append(storage)
+                if covers:
+                    kwrefs[name] = storage
+                else:
                     nested = True
+                    kwrefs[name] = reference(value, signature, storage, covers)
             else:
                 if type(value) is list or type(value) is tuple:
                     nested = True
                 kwrefs[name] = _convert(entry, value, key, reads)
-    if entry.generator_arg is not None and kwrefs.get("generator") is None:
-        kwrefs["generator"] = GENERATOR
+    if entry.generator_arg is not None:
+        generator = kwrefs.get("generator")
+        if generator is None:
+            kwrefs["generator"] = GENERATOR
+        else:
+            twin = generator_twin(generator)
+            if twin is not None:  # a neuron generator: draws through its CPU twin, in queue order
+                kwrefs["generator"] = twin
     return key, refs, kwrefs, reads, nested
 
 
@@ -178,9 +204,8 @@ def dispatch(func, args, kwargs):
     raise AssertionError(f"unknown op kind {kind}")
 
 
-def launch(entry, args, kwargs, escapes: bool = False):
-    """Record a kernel: outputs now, computation on the queue. ``escapes``: its outputs
-    always outlive the window (an upload's), so the adaptive window need not watch them."""
+def launch(entry, args, kwargs):
+    """Record a kernel: outputs now, computation on the queue."""
     trace = QUEUE.trace
     started = perf_counter() if trace is not None else 0.0
     if entry.rewrite is not None:
@@ -225,7 +250,7 @@ def launch(entry, args, kwargs, escapes: bool = False):
             continue
         storage = DeviceStorage(spec.shape, spec.stride, spec.dtype, spec.nbytes)
         results.append(storage)
-        outputs.append(wrap_fresh(spec.shape, spec.stride, spec.dtype, storage, spec.signature))
+        outputs.append(device_tensor(spec.shape, spec.stride, spec.dtype, storage, spec.nbytes))
     writes = tuple(_mutated_storages(entry, args, kwargs)) if entry.mutated else ()
     issue = QUEUE.issued = QUEUE.issued + 1
     record = OpRecord(
@@ -236,7 +261,7 @@ def launch(entry, args, kwargs, escapes: bool = False):
     QUEUE.host_us += QUEUE.host_us_per_op
     if trace is not None:
         trace.issue(record, started)
-    _sync._sink.record(record, () if escapes else outputs)
+    _sync._sink.record(record)
     return _build_return(entry, inference.structure, outputs, args, kwargs)
 
 
@@ -252,10 +277,11 @@ def _decompose(entry, args, kwargs):
 
 
 def _explicit_generator(kwargs) -> bool:
-    """A caller's own generator: the host may draw from it right after this op, so the op
-    draws now, on the host, in program order (``random.py``)."""
+    """A caller's own CPU generator: the host may draw from it right after this op, so the
+    op draws now, on the host, in program order (``random.py``). A neuron generator only
+    the device draws from: it stays on the queue."""
     generator = kwargs.get("generator") if kwargs else None
-    return generator is not None and generator is not GENERATOR
+    return generator is not None and generator is not GENERATOR and generator.device.type != "neuron"
 
 
 def _resize_outputs(resized, args, kwargs):
@@ -264,22 +290,19 @@ def _resize_outputs(resized, args, kwargs):
     for index, name, spec in resized:
         tensor = args[index] if index < len(args) else kwargs[name]
         storage = DeviceStorage(spec.shape, spec.stride, spec.dtype, spec.nbytes)
-        storage.materialize()  # no kernel produces it: the op writes into it
-        tensor._storage = storage
-        set_wrapper_metadata(tensor, spec.shape, spec.stride, 0)
-        tensor._ref = storage
-        tensor._sig = spec.signature
+        fresh = device_tensor(spec.shape, spec.stride, spec.dtype, storage, spec.nbytes)
+        set_metadata(tensor, fresh.untyped_storage(), 0, spec.shape, spec.stride)
 
 
 def _mutated_storages(entry, args, kwargs):
     for index, name in entry.mutated:
         value = args[index] if index < len(args) else (kwargs or {}).get(name)
-        if type(value) is NeuronTensor:
-            yield value._storage
-        elif isinstance(value, (list, tuple)):
+        if isinstance(value, (list, tuple)):
             for item in value:
-                if type(item) is NeuronTensor:
-                    yield item._storage
+                if describe(item) is not None:
+                    yield storage_of(item)
+        elif describe(value) is not None:
+            yield storage_of(value)
         elif isinstance(value, _Tensor):
             raise _mismatch(entry, value)
 
@@ -318,14 +341,14 @@ def _allocate(entry, args, kwargs):
     ]
     meta = entry.op(*meta_args, **meta_kwargs)
     shape, stride = tuple(meta.shape), tuple(meta.stride())
-    storage = DeviceStorage(shape, stride, meta.dtype, storage_nbytes(shape, stride, meta.element_size()))
-    storage.materialize()
-    return wrap_fresh(shape, stride, meta.dtype, storage, (shape, stride, meta.dtype))
+    nbytes = storage_nbytes(shape, stride, meta.element_size())
+    # no bytes yet: the first kernel writing it makes them (an upload's copy), or a read
+    return device_tensor(shape, stride, meta.dtype, DeviceStorage(shape, stride, meta.dtype, nbytes), nbytes)
 
 
 from .collectives import run_collective  # noqa: E402
 from .host_ops import run_copy, run_on_host  # noqa: E402  (they launch kernels too)
-from .views import run_metadata, run_view  # noqa: E402
+from .views import run_metadata, run_view, set_metadata  # noqa: E402
 
 
 def defer_in_backward(func, args, kwargs, error: BaseException):
@@ -360,6 +383,6 @@ def defer_in_backward(func, args, kwargs, error: BaseException):
             outputs.append(None)
             continue
         storage = DeviceStorage.poisoned(spec.shape, spec.stride, spec.dtype, failure)
-        outputs.append(wrap_fresh(spec.shape, spec.stride, spec.dtype, storage, spec.signature))
+        outputs.append(device_tensor(spec.shape, spec.stride, spec.dtype, storage, spec.nbytes))
     QUEUE.fail(failure, ())  # it never ran: what it updates in place keeps its value
     return _build_return(entry, inference.structure, outputs, args, kwargs)

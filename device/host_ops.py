@@ -17,10 +17,10 @@ from .errors import poisoned_read_error
 from .metrics import COUNTERS
 from .op_table import op_entry
 from .queue import QUEUE
-from .random import GENERATOR, device_generator_as_default
+from .random import GENERATOR, device_generator_as_default, generator_twin
 from .storage import DeviceStorage, storage_nbytes
 from .streams import STATE as _STREAMS
-from .tensor import NeuronTensor, cpu_view, wrap_fresh
+from .tensor import cpu_view, describe, device_tensor, storage_of
 
 aten = torch.ops.aten
 CPU = torch.device("cpu")
@@ -28,19 +28,22 @@ _Tensor = torch.Tensor
 
 
 def host_call_args(entry, args, kwargs, check_poison=False):
-    """Arguments with neuron tensors replaced by their CPU backing tensors."""
+    """Arguments with neuron tensors replaced by the CPU tensors over their bytes."""
 
     def convert(value):
-        if type(value) is NeuronTensor:
-            if check_poison and value._storage.poison is not None:
-                raise poisoned_read_error(value._storage.poison)
+        described = describe(value)
+        if described is not None:
+            if check_poison:
+                storage = described[1] if described[1] is not None else storage_of(value)
+                if storage.poison is not None:
+                    raise poisoned_read_error(storage.poison)
             return cpu_view(value)
         if isinstance(value, (list, tuple)):
             return type(value)(convert(v) for v in value)
         if isinstance(value, torch.device) and value.type == "neuron":
             return CPU
-        if entry.generator_arg is not None and value is None:
-            return value
+        if isinstance(value, torch.Generator) and value.device.type == "neuron":
+            return generator_twin(value)
         return value
 
     host_args = [convert(a) for a in args]
@@ -53,29 +56,28 @@ def host_call_args(entry, args, kwargs, check_poison=False):
 def run_copy(entry, args, kwargs):
     op = entry.op
     if op is aten.copy_.default:
-        dst, src = args[0], args[1]
-        if type(dst) is NeuronTensor:
+        if describe(args[0]) is not None:
             return _dispatch.launch(entry, args, kwargs)  # device <- device, or device <- host
         return run_on_host(entry, args, kwargs, "copy_to_host")
     if op is aten._to_copy.default:
-        source = args[0]
         device = kwargs.get("device")
-        if type(source) is not NeuronTensor:  # host -> device
-            return _upload(source, kwargs)
+        if describe(args[0]) is None:  # host -> device (ATen sends uploads as empty + copy_)
+            return _upload(args[0], kwargs)
         if device is not None and device.type != "neuron":
             return run_on_host(entry, args, kwargs, "copy_to_host")
+        if device is not None and device.index:
+            raise _dispatch.invalid_ordinal(device)
         return _dispatch.launch(entry, args, kwargs)
-    if op is aten._copy_from.default:  # src.copy_(dst) with dst on the device
+    if op is aten._copy_from.default:  # dst.copy_(src) with src on the device
         src, dst = args[0], args[1]
-        return _dispatch.dispatch(aten.copy_.default, (dst, src), {"non_blocking": args[2] if len(args) > 2 else False})
+        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+        return _dispatch.dispatch(aten.copy_.default, (dst, src), {"non_blocking": non_blocking})
     return run_on_host(entry, args, kwargs, "fallback")
 
 
 def _upload(source: torch.Tensor, kwargs):
-    """``cpu_tensor.to('neuron')``: one kernel that makes a fresh device tensor from a
-    snapshot of the host tensor (the host may change it meanwhile), converting the dtype
-    if asked. Its output is a result of the kernel, so an upload dropped after a failure
-    leaves a poisoned tensor, never one of uninitialized memory."""
+    """A host tensor to the device: a fresh device tensor, then one copy kernel that reads
+    a snapshot of the host tensor (the host may change it meanwhile)."""
     if source.layout != torch.strided:
         raise NotImplementedError(
             f"{source.layout} tensors are not supported on the neuron device; convert with "
@@ -84,7 +86,13 @@ def _upload(source: torch.Tensor, kwargs):
     device = kwargs.get("device")
     if device is not None and device.index:
         raise _dispatch.invalid_ordinal(device)
-    return _dispatch.launch(op_entry(aten._to_copy.default), (source,), kwargs, escapes=True)
+    meta = aten._to_copy.default(torch.empty_strided(source.shape, source.stride(), dtype=source.dtype, device="meta"),
+                                 **dict(kwargs, device=torch.device("meta")))
+    shape, stride = tuple(meta.shape), tuple(meta.stride())
+    nbytes = storage_nbytes(shape, stride, meta.element_size())
+    target = device_tensor(shape, stride, meta.dtype, DeviceStorage(shape, stride, meta.dtype, nbytes), nbytes)
+    _dispatch.launch(op_entry(aten.copy_.default), (target, source), {})
+    return target
 
 
 def _histc_any_dtype(input, bins=100, min=0, max=0):
@@ -159,7 +167,7 @@ def _upload_one(entry, value, args, kwargs, position):
         return args[index] if index < len(args) else kwargs[name]
     if value.layout != torch.strided:
         raise NotImplementedError(f"{entry.name} returned a {value.layout} tensor; sparse layouts are not supported on the neuron device")
-    value = value.clone() if value._is_view() else value
-    shape, stride = tuple(value.shape), value.stride()
-    storage = DeviceStorage(shape, stride, value.dtype, storage_nbytes(shape, stride, value.element_size()), value)
-    return wrap_fresh(shape, stride, value.dtype, storage, (shape, stride, value.dtype))
+    value = value.clone() if value._is_view() or value.storage_offset() else value
+    shape, stride = tuple(value.shape), tuple(value.stride())
+    nbytes = storage_nbytes(shape, stride, value.element_size())
+    return device_tensor(shape, stride, value.dtype, DeviceStorage(shape, stride, value.dtype, nbytes, value), nbytes)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from .errors import KernelFailure, describe_call, poisoned_read_error
-from .storage import DeviceStorage, ViewRef
+from .storage import DeviceStorage, ReinterpretRef, ViewRef
 
 _Tensor = torch.Tensor
 # id(op) of in-place ops that check their index or mask data while they write: a failure
@@ -47,7 +47,7 @@ def resolve(value, env=None):
                 return tensor
         data = value.data
         return data if data is not None else value.materialize()
-    if kind is ViewRef:
+    if kind is ViewRef or kind is ReinterpretRef:
         return value.resolve(resolve(value.storage, env))
     if kind is list or kind is tuple:
         return kind(resolve(v, env) for v in value)
@@ -105,17 +105,23 @@ class OpRecord:
     def run(self, env=None):
         """Run the op on CPU tensors and return its raw result.
 
-        Every storage read here holds data: it was allocated on the host, or written by an
-        earlier kernel on the FIFO queue (or that kernel failed, and this one is skipped).
-        ``env`` holds the values a fused kernel keeps in registers.
+        A storage read here holds data written by an earlier kernel on the FIFO queue,
+        uploaded by the host, or none yet (a fresh ``empty`` that this op writes, as an
+        upload's copy does): its bytes are made now. ``env`` holds the values a fused
+        kernel keeps in registers.
         """
         if not self.nested:
-            if env:
-                args = [
-                    (env.get(a) if a in env else a.data) if type(a) is DeviceStorage else a for a in self.args
-                ]
-            else:
-                args = [a.data if type(a) is DeviceStorage else a for a in self.args]
+            args = []
+            append = args.append
+            for a in self.args:
+                if type(a) is DeviceStorage:
+                    if env and a in env:
+                        append(env[a])
+                    else:
+                        data = a.data
+                        append(data if data is not None else a.materialize())
+                else:
+                    append(a)
         else:
             args = resolve(self.args, env)
         kwargs = self.kwargs
@@ -169,7 +175,13 @@ def run_record(record, queue, env=None, dead=None, kernel_name=None) -> bool:
     positions of this op it keeps there. Returns True when the op itself raised."""
     first = queue.failures.first
     if first is not None and first.issue < record.issue:
-        queue.drop(record.results)  # issued after a pending failure: it does not happen
+        # issued after a pending failure: it does not happen. What it would have written
+        # in place keeps its value, unless it holds none yet (an upload's fresh target):
+        # that would read as uninitialized memory, so it is poisoned too.
+        queue.drop(record.results)
+        for storage in record.writes:
+            if storage.data is None:
+                storage.poison = first
         return False
     if queue.poison_seen:
         for storage in record.reads:

@@ -33,8 +33,16 @@ import contextlib
 
 import torch
 
-GENERATOR = torch.Generator()
+GENERATOR = torch.Generator()  # the CPU twin of the device's default generator
 GENERATOR.manual_seed(torch.initial_seed())
+
+
+def generator_twin(generator):
+    """The CPU generator a ``torch.Generator(device="neuron")`` draws through (the CPU
+    kernels that run the device's ops take CPU generators), or None for another one."""
+    from . import _native
+
+    return _native.twin(generator)
 
 _LIBRARY = torch.library.Library("neuron", "DEF")
 _LIBRARY.define(

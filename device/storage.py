@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import weakref
 
 import torch
 
@@ -102,14 +101,10 @@ def _out_of_memory(nbytes: int) -> torch.OutOfMemoryError:
     )
 
 
-# ``DeviceStorage.views`` of a pending output no view has been taken of yet (empty, falsy)
-TRACKING = ()
-
-
 class DeviceStorage:
     """One device allocation. ``data`` is its CPU backing tensor, or None until needed."""
 
-    __slots__ = ("data", "nbytes", "shape", "stride", "dtype", "poison", "pinned", "views", "__weakref__")
+    __slots__ = ("data", "nbytes", "shape", "stride", "dtype", "poison", "alive", "__weakref__")
 
     def __init__(self, shape, stride, dtype, nbytes: int, data=None) -> None:
         rounded = -(-nbytes // _ROUND) * _ROUND
@@ -132,8 +127,11 @@ class DeviceStorage:
         self.dtype = dtype
         self.data = data
         self.poison = None  # KernelFailure that left this storage without valid data
-        self.pinned = False  # aliased in ways views cannot describe (set_): always keep its data
-        self.views = None  # while in an adaptive window: weak references to views (add_view)
+        # Is its PrivateUse1 storage still referenced by anything (a tensor, a view, a
+        # tensor autograd saved, an optimizer's state)? The C++ side clears it when the
+        # storage is freed (device/csrc/neuron.cpp): an adaptive window need not write back
+        # a value it made whose storage nothing references any more.
+        self.alive = True
 
     @classmethod
     def poisoned(cls, shape, stride, dtype, failure) -> "DeviceStorage":
@@ -145,8 +143,7 @@ class DeviceStorage:
         storage.shape, storage.stride, storage.dtype = shape, stride, dtype
         storage.data = None
         storage.poison = failure
-        storage.pinned = False
-        storage.views = None
+        storage.alive = True
         return storage
 
     def __del__(self) -> None:
@@ -156,30 +153,6 @@ class DeviceStorage:
         books.allocated -= self.nbytes
         books.frees += 1
         books.live_blocks -= 1
-
-    def add_view(self, tensor) -> None:
-        """Remember a view tensor over this storage while the storage is the pending output
-        of an adaptive window (``views`` is ``TRACKING``, then a list): while a view is
-        alive at the flush, fusion must write the storage back. Other storages keep no weak
-        references, which would stop ``torch.utils.swap_tensors`` (``module.to``) from
-        swapping them."""
-        views = self.views
-        if views is None:
-            return
-        if views is TRACKING:
-            views = self.views = []
-        elif len(views) >= 8:
-            views[:] = [ref for ref in views if ref() is not None]
-        views.append(weakref.ref(tensor))
-
-    def has_live_view(self) -> bool:
-        views = self.views
-        if not views:
-            return False
-        for ref in views:
-            if ref() is not None:
-                return True
-        return False
 
     def materialize(self) -> torch.Tensor:
         """The CPU backing tensor, allocating it now if nothing has written it yet."""
@@ -214,6 +187,37 @@ class DeviceStorage:
         self.materialize().copy_(result)
 
 
+    @classmethod
+    def of_bytes(cls, nbytes: int) -> "DeviceStorage":
+        """The Python side of a storage ATen allocated on the device (``torch.UntypedStorage(n,
+        device="neuron")``), made when Python first meets it: ``nbytes`` of bytes."""
+        return cls((nbytes,), (1,), torch.uint8, nbytes)
+
+    def resize_bytes(self, nbytes: int) -> None:
+        """``storage.resize_(nbytes)``: the first ``nbytes`` bytes are kept (the caller has
+        waited for the kernels writing them). The bytes become one uint8 buffer; tensors
+        over the storage read them through their own dtype (``ReinterpretRef``)."""
+        rounded = -(-nbytes // _ROUND) * _ROUND
+        books = MEMORY
+        grown = books.allocated - (self.nbytes or 0) + rounded
+        if grown > CONFIG.hbm_bytes:
+            books.ooms += 1
+            raise _out_of_memory(rounded)
+        old = self.data
+        data = torch.empty(nbytes, dtype=torch.uint8)
+        if old is not None:
+            kept = min(nbytes, old.untyped_storage().nbytes())
+            if kept:
+                data[:kept].copy_(torch.empty(0, dtype=torch.uint8).set_(old.untyped_storage())[:kept])
+        books.allocated = grown
+        if grown > books.peak:
+            books.peak = grown
+            books.reserved = max(books.reserved, grown)
+        self.nbytes = rounded
+        self.shape, self.stride, self.dtype = (nbytes,), (1,), torch.uint8
+        self.data = data
+
+
 class ViewRef:
     """A tensor's place in a storage: resolved to a CPU view when a kernel runs."""
 
@@ -230,3 +234,34 @@ class ViewRef:
 
     def __repr__(self) -> str:
         return f"ViewRef({self.shape}, {self.stride}, offset={self.offset})"
+
+
+class ReinterpretRef:
+    """A tensor whose view of its storage a ``ViewRef`` cannot describe: another dtype over
+    the same bytes (``view(torch.int32)``, ``view_as_real``, a resized storage), or a
+    conjugate or negative bit. Resolved through the storage's bytes."""
+
+    __slots__ = ("storage", "shape", "stride", "offset", "dtype", "conj", "neg")
+
+    def __init__(self, storage: DeviceStorage, shape, stride, offset: int, dtype, conj: bool, neg: bool) -> None:
+        self.storage = storage
+        self.shape = shape
+        self.stride = stride
+        self.offset = offset
+        self.dtype = dtype
+        self.conj = conj
+        self.neg = neg
+
+    def resolve(self, base: torch.Tensor) -> torch.Tensor:
+        if self.dtype is base.dtype:
+            view = base.as_strided(self.shape, self.stride, self.offset)
+        else:
+            view = torch.empty(0, dtype=self.dtype).set_(base.untyped_storage(), self.offset, self.shape, self.stride)
+        if self.conj:
+            view = torch._conj(view) if not view.is_conj() else view
+        if self.neg:
+            view = torch._neg_view(view) if not view.is_neg() else view
+        return view
+
+    def __repr__(self) -> str:
+        return f"ReinterpretRef({self.shape}, {self.stride}, offset={self.offset}, {self.dtype})"

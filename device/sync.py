@@ -21,7 +21,7 @@ class StrictSink:
 
     name = "strict"
 
-    def record(self, record, outputs=()) -> None:
+    def record(self, record) -> None:
         cost = record.cost
         QUEUE.launch(record, record.op, cost.bytes, cost.time_us, record.stream)
         if CONFIG.launch_blocking:
@@ -40,8 +40,7 @@ def current_sink():
 
 
 def set_sink(sink) -> None:
-    """Install ``sink`` (an object with ``record(op_record, output_tensors)`` and
-    ``flush(reason)``).
+    """Install ``sink`` (an object with ``record(op_record)`` and ``flush(reason)``).
     The previous sink is flushed first, so no recorded op is lost."""
     global _sink
     with HOST_LOCK:

@@ -117,17 +117,17 @@ class Context:
         """Is the output of ``position`` an intermediate the chain owns: read exactly
         ``readers`` times in the window, never written in place, not escaping, not viewed?"""
         storage = self.records[position].results[0]
-        if storage is None or storage in self.written or storage.pinned or self.escapes(position, 0):
+        if storage is None or storage in self.written or self.escapes(position, 0):
             return False
         return len(self.readers.get(storage, ())) == readers
 
     def exportable(self, position: int, readers: int, root: int) -> bool:
         """May the chain ending at ``root`` own the output of ``position`` while it is
         needed after the chain (it escapes, or ops after ``root`` read it): read exactly
-        ``readers`` times up to ``root``, never written in place, not pinned? The library
+        ``readers`` times up to ``root``, never written in place? The library
         kernel then writes it back too (autograd keeps such values for backward)."""
         storage = self.records[position].results[0]
-        if storage is None or storage in self.written or storage.pinned:
+        if storage is None or storage in self.written:
             return False
         return sum(1 for reader in self.readers.get(storage, ()) if reader <= root) == readers
 

@@ -216,28 +216,39 @@ def test_a_failing_rank_gives_the_others_a_clear_error_not_a_hang(tmp_path):
     assert float(elapsed) < 30, f"rank 0 waited {elapsed} s: {outcome}"
 
 
-def _fsdp(rank, world, port, out_dir):
-    _init(rank, world, port, adaptive=False)
+def _fsdp(rank, world, port, adaptive, out_dir):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    _init(rank, world, port, adaptive)
     mesh = init_device_mesh("neuron", (world,))
-    model = torch.nn.Linear(8, 8).to("neuron")
-    try:
-        fully_shard(model, mesh=mesh)
-        outcome = "sharded"
-    except Exception as error:
-        outcome = f"{type(error).__name__}: {str(error).splitlines()[0]}"
-    with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as handle:
-        handle.write(outcome)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)).to("neuron")
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    data, target = torch.randn(8, 8, generator=torch.Generator().manual_seed(1)), torch.randn(8, 2)
+    for _ in range(3):
+        shard = slice(rank * 4, (rank + 1) * 4)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(data[shard].to("neuron")), target[shard].to("neuron")).backward()
+        optimizer.step()
+    full = [p.full_tensor().detach().cpu() for p in model.parameters()]
+    torch.save(full, os.path.join(out_dir, f"rank{rank}.pt"))
+    torch.save((data, target), os.path.join(out_dir, "data.pt"))
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
 
 
-def test_fsdp2_current_state(tmp_path):
-    """FSDP2 does not run on neuron yet (docs: README, "Distributed"). DTensor propagates
-    shardings by running ops on FakeTensors, and FakeTensor cannot fakify a neuron tensor
-    (a Python wrapper subclass with no inner tensor). When this test starts failing
-    because fully_shard works, update it and the README."""
-    mp.spawn(_fsdp, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+@pytest.mark.parametrize("adaptive", [False, True], ids=["strict", "adaptive"])
+def test_fsdp2_trains_like_a_single_process(adaptive, tmp_path):
+    """FSDP2 (fully_shard) over a neuron mesh: DTensor propagates shardings on FakeTensors
+    of the neuron parameters, and frees and refills their storages with resize_."""
+    mp.spawn(_fsdp, args=(2, free_port(), adaptive, str(tmp_path)), nprocs=2, join=True)
+    data, target = torch.load(tmp_path / "data.pt")
+    expected = single_process_reference(data, target)
     for rank in range(2):
-        outcome = (tmp_path / f"rank{rank}.txt").read_text()
-        assert outcome.startswith(("RuntimeError", "NotImplementedError")), outcome
+        for got, want in zip(torch.load(tmp_path / f"rank{rank}.pt"), expected):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

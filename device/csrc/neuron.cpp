@@ -1,0 +1,464 @@
+// The PrivateUse1 hooks Python cannot reach, for the simulated `neuron` device.
+//
+// Built by the README's install command (setup.py, torch.utils.cpp_extension) as
+// adaptive_eager.device._native; device/backend.py calls init() when it registers the
+// device. What is here, and only this:
+//
+// - device memory: an allocator of PrivateUse1 storages. A storage is an identity: a
+//   unique, aligned address (never dereferenced: device memory is not host memory) and,
+//   in its DataPtr's context, the Python DeviceStorage (device/storage.py) that holds the
+//   bytes in a CPU tensor. The storage owns one reference to it, dropped when the
+//   storage is freed. `torch.UntypedStorage(n, device="neuron")` and every storage ATen
+//   allocates for the device come from here.
+// - storage resizing (`storage.resize_`, FSDP2 frees parameters with resize_(0)):
+//   a new address of the new size; the Python side resizes the bytes.
+// - pinned host memory, which `pin_memory()` and `DataLoader(pin_memory=True)` ask the
+//   current accelerator for: host memory whose allocations are remembered, so
+//   `is_pinned()` answers.
+// - generators: `torch.Generator(device="neuron")` and the device's default generator.
+//   A neuron generator draws through a CPU generator of its own (its twin), which is
+//   what the CPU kernels running the device's ops take; reading or changing its state
+//   first waits for the kernels queued with it.
+// - two calls on the per-op hot path: `empty` (a device tensor over a fresh storage)
+//   and `describe` (what the dispatcher records of a tensor argument), one C call each.
+
+#include <torch/extension.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/core/TensorImpl.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/Generator.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace neuron {
+
+namespace py = pybind11;
+
+constexpr c10::DeviceType kDevice = c10::DeviceType::PrivateUse1;
+constexpr uintptr_t kAlignment = 512;
+
+// -- callbacks into the Python device -----------------------------------------------------
+struct Callbacks {
+  PyObject* synchronize = nullptr;  // () -> None: wait for every queued kernel
+  PyObject* resize = nullptr;       // (side or None, nbytes) -> side: resize a storage's bytes
+};
+Callbacks callbacks;
+
+bool python_alive() {
+  return Py_IsInitialized() && !_Py_IsFinalizing();
+}
+
+void call_synchronize() {
+  if (callbacks.synchronize == nullptr || !python_alive()) {
+    return;
+  }
+  py::gil_scoped_acquire gil;
+  PyObject* result = PyObject_CallNoArgs(callbacks.synchronize);
+  if (result == nullptr) {
+    throw py::error_already_set();
+  }
+  Py_DECREF(result);
+}
+
+// -- device memory ------------------------------------------------------------------------
+// The context of every device DataPtr: the storage's Python side (a DeviceStorage, or
+// nullptr until Python first sees the storage), and the layout it was made for, so that
+// `describe` can tell a tensor covering its storage exactly from a view of it.
+struct Owner {
+  PyObject* side = nullptr;
+  uintptr_t address = 0;  // its key in owners_by_address (0: none, an empty allocation)
+  bool has_layout = false;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+};
+
+std::atomic<uintptr_t> next_address{uintptr_t(1) << 44};
+
+// Live allocations by address, for storages ATen makes over a device address it got from
+// another storage (`at::from_blob(storage.data_ptr())`, as torch.save does to copy a
+// storage to the host): they alias that allocation.
+std::mutex addresses_mutex;
+std::unordered_map<uintptr_t, Owner*> owners_by_address;
+
+void release_owner(void* context) {
+  auto* owner = static_cast<Owner*>(context);
+  if (owner->address != 0) {
+    std::lock_guard<std::mutex> lock(addresses_mutex);
+    owners_by_address.erase(owner->address);
+  }
+  if (owner->side != nullptr && python_alive()) {
+    py::gil_scoped_acquire gil;
+    // the storage is gone: nothing can read this value any more (DeviceStorage.alive)
+    if (PyObject_SetAttrString(owner->side, "alive", Py_False) != 0) {
+      PyErr_Clear();
+    }
+    Py_DECREF(owner->side);
+  }
+  delete owner;
+}
+
+c10::DataPtr device_data_ptr(size_t nbytes, Owner* owner) {
+  void* address = nullptr;
+  if (nbytes > 0) {
+    uintptr_t span = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
+    uintptr_t at = next_address.fetch_add(span);
+    address = reinterpret_cast<void*>(at);
+    owner->address = at;
+    std::lock_guard<std::mutex> lock(addresses_mutex);
+    owners_by_address[at] = owner;
+  }
+  return c10::DataPtr(address, owner, &release_owner, c10::Device(kDevice, 0));
+}
+
+Owner* owner_of(const c10::Storage& storage) {
+  if (!storage) {
+    return nullptr;
+  }
+  const c10::DataPtr& data_ptr = storage.data_ptr();
+  if (data_ptr.get_deleter() == &release_owner) {
+    return static_cast<Owner*>(data_ptr.get_context());
+  }
+  if (data_ptr.get() == nullptr) {
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(addresses_mutex);
+  auto found = owners_by_address.find(reinterpret_cast<uintptr_t>(data_ptr.get()));
+  return found == owners_by_address.end() ? nullptr : found->second;
+}
+
+struct DeviceAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    return device_data_ptr(nbytes, new Owner());
+  }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return nullptr;
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    TORCH_CHECK(false, "neuron device memory cannot be read or written on the host; copy the tensor with .cpu()");
+  }
+};
+DeviceAllocator device_allocator;
+
+// -- pinned host memory -------------------------------------------------------------------
+std::mutex pinned_mutex;
+std::unordered_set<const void*> pinned;
+
+void free_pinned(void* pointer) {
+  {
+    std::lock_guard<std::mutex> lock(pinned_mutex);
+    pinned.erase(pointer);
+  }
+  std::free(pointer);
+}
+
+struct PinnedAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* pointer = nbytes > 0 ? std::aligned_alloc(64, (nbytes + 63) / 64 * 64) : nullptr;
+    if (pointer != nullptr) {
+      std::lock_guard<std::mutex> lock(pinned_mutex);
+      pinned.insert(pointer);
+    }
+    return c10::DataPtr(pointer, pointer, &free_pinned, c10::Device(c10::DeviceType::CPU));
+  }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &free_pinned;
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+PinnedAllocator pinned_allocator;
+
+// -- generators ---------------------------------------------------------------------------
+struct NeuronGeneratorImpl final : c10::GeneratorImpl {
+  explicit NeuronGeneratorImpl(at::Generator twin)
+      : c10::GeneratorImpl(c10::Device(kDevice, 0), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
+        twin_(std::move(twin)) {}
+
+  void set_current_seed(uint64_t seed) override {
+    call_synchronize();
+    twin_.set_current_seed(seed);
+  }
+  void set_offset(uint64_t offset) override {
+    call_synchronize();
+    twin_.set_offset(offset);
+  }
+  uint64_t get_offset() const override {
+    call_synchronize();
+    return twin_.get_offset();
+  }
+  uint64_t current_seed() const override {
+    return twin_.current_seed();
+  }
+  uint64_t seed() override {
+    call_synchronize();
+    return twin_.seed();
+  }
+  void set_state(const c10::TensorImpl& new_state) override {
+    call_synchronize();
+    twin_.unsafeGetGeneratorImpl()->set_state(new_state);
+  }
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    call_synchronize();
+    return twin_.unsafeGetGeneratorImpl()->get_state();
+  }
+  const at::Generator& twin() const {
+    return twin_;
+  }
+
+ private:
+  NeuronGeneratorImpl* clone_impl() const override {
+    call_synchronize();
+    return new NeuronGeneratorImpl(twin_.clone());
+  }
+  at::Generator twin_;
+};
+
+at::Generator default_generator;
+
+// -- hooks --------------------------------------------------------------------------------
+struct NeuronHooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override {
+    return true;
+  }
+  bool isAvailable() const override {
+    return true;
+  }
+  bool hasPrimaryContext(c10::DeviceIndex device_index) const override {
+    return true;
+  }
+  c10::DeviceIndex deviceCount() const override {
+    return 1;
+  }
+  c10::DeviceIndex getCurrentDevice() const override {
+    return 0;
+  }
+  void setCurrentDevice(c10::DeviceIndex device) const override {
+    TORCH_CHECK(device <= 0, "neuron error: invalid device ordinal: neuron:", static_cast<int>(device),
+                " does not exist; the neuron device count is 1");
+  }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex device) const override {
+    setCurrentDevice(device);
+    return 0;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override {
+    return 0;
+  }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex device_index) const override {
+    TORCH_CHECK(default_generator.defined(), "the neuron device is not initialized");
+    return default_generator;
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex device_index) const override {
+    return at::make_generator<NeuronGeneratorImpl>(at::detail::createCPUGenerator());
+  }
+  at::Device getDeviceFromPtr(void* data) const override {
+    return at::Device(kDevice, 0);
+  }
+  bool isPinnedPtr(const void* data) const override {
+    std::lock_guard<std::mutex> lock(pinned_mutex);
+    return pinned.count(data) > 0;
+  }
+  at::Allocator* getPinnedMemoryAllocator() const override {
+    return &pinned_allocator;
+  }
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    Owner* old_owner = owner_of(storage);
+    TORCH_CHECK(old_owner != nullptr, "resize_: this storage was not allocated by the neuron device");
+    TORCH_CHECK(callbacks.resize != nullptr, "the neuron device is not initialized");
+    auto* owner = new Owner();
+    {
+      py::gil_scoped_acquire gil;
+      PyObject* side = PyObject_CallFunction(
+          callbacks.resize, "On", old_owner->side ? old_owner->side : Py_None, static_cast<Py_ssize_t>(newsize));
+      if (side == nullptr) {
+        delete owner;
+        throw py::error_already_set();
+      }
+      owner->side = side;  // the new reference the storage owns
+    }
+    auto* impl = storage.unsafeGetStorageImpl();
+    impl->set_data_ptr_noswap(device_data_ptr(newsize, owner));
+    impl->set_nbytes(newsize);
+  }
+};
+
+// -- the hot path -------------------------------------------------------------------------
+PyObject* int_tuple(c10::IntArrayRef values) {
+  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(values.size()));
+  for (size_t i = 0; i < values.size(); ++i) {
+    PyTuple_SET_ITEM(tuple, i, PyLong_FromLongLong(values[i]));
+  }
+  return tuple;
+}
+
+std::vector<int64_t> int_vector(PyObject* sequence) {
+  PyObject* fast = PySequence_Fast(sequence, "expected a sequence of ints");
+  if (fast == nullptr) {
+    throw py::error_already_set();
+  }
+  Py_ssize_t size = PySequence_Fast_GET_SIZE(fast);
+  std::vector<int64_t> values(static_cast<size_t>(size));
+  for (Py_ssize_t i = 0; i < size; ++i) {
+    values[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+  }
+  Py_DECREF(fast);
+  if (PyErr_Occurred()) {
+    throw py::error_already_set();
+  }
+  return values;
+}
+
+// empty(shape, stride, dtype, side, nbytes) -> a device tensor over a fresh storage of
+// `nbytes` bytes whose Python side is `side`.
+PyObject* empty(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK(nargs == 5, "empty(shape, stride, dtype, side, nbytes)");
+  TORCH_CHECK(THPDtype_Check(args[2]), "empty: dtype expected");
+  auto* owner = new Owner();
+  owner->sizes = int_vector(args[0]);
+  owner->strides = int_vector(args[1]);
+  owner->dtype = reinterpret_cast<THPDtype*>(args[2])->scalar_type;
+  owner->has_layout = true;
+  Py_INCREF(args[3]);
+  owner->side = args[3];
+  int64_t nbytes = PyLong_AsLongLong(args[4]);
+  auto storage = c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), nbytes, device_data_ptr(static_cast<size_t>(nbytes), owner),
+      &device_allocator, /*resizable=*/true);
+  auto tensor = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      c10::scalarTypeToTypeMeta(owner->dtype));
+  tensor.unsafeGetTensorImpl()->set_sizes_and_strides(owner->sizes, owner->strides);
+  return THPVariable_Wrap(std::move(tensor));
+  END_HANDLE_TH_ERRORS
+}
+
+// describe(value) -> None when `value` is not a neuron tensor, else
+// ((shape, stride, dtype), side, covers): `side` is the storage's DeviceStorage (None when
+// Python has not seen the storage yet), `covers` whether the tensor is exactly the
+// layout its storage was made for (offset 0, same sizes, strides and dtype, no
+// conjugate or negative bit): then the storage alone stands for it.
+PyObject* describe(PyObject* /*module*/, PyObject* value) {
+  if (!THPVariable_Check(value)) {
+    Py_RETURN_NONE;
+  }
+  const at::Tensor& tensor = THPVariable_Unpack(value);
+  if (!tensor.defined() || tensor.device().type() != kDevice || !tensor.has_storage()) {
+    Py_RETURN_NONE;
+  }
+  const c10::Storage& storage = tensor.storage();
+  Owner* owner = owner_of(storage);
+  auto sizes = tensor.sizes();
+  auto strides = tensor.strides();
+  c10::ScalarType dtype = tensor.scalar_type();
+  bool covers = owner != nullptr && owner->has_layout && tensor.storage_offset() == 0 && dtype == owner->dtype &&
+                sizes.equals(owner->sizes) && strides.equals(owner->strides) && !tensor.is_conj() &&
+                !tensor.is_neg();
+  PyObject* dtype_object = reinterpret_cast<PyObject*>(torch::getTHPDtype(dtype));
+  Py_INCREF(dtype_object);
+  PyObject* signature = PyTuple_Pack(3, int_tuple(sizes), int_tuple(strides), dtype_object);
+  // PyTuple_Pack took its own references to the two tuples and the dtype
+  Py_DECREF(PyTuple_GET_ITEM(signature, 0));
+  Py_DECREF(PyTuple_GET_ITEM(signature, 1));
+  Py_DECREF(dtype_object);
+  PyObject* side = owner != nullptr && owner->side != nullptr ? owner->side : Py_None;
+  PyObject* result = PyTuple_Pack(3, signature, side, covers ? Py_True : Py_False);
+  Py_DECREF(signature);
+  return result;
+}
+
+PyMethodDef hot_methods[] = {
+    {"describe", describe, METH_O, "What the dispatcher records of a tensor argument (see neuron.cpp)."},
+    {"empty", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(empty)), METH_FASTCALL,
+     "A device tensor over a fresh storage (see neuron.cpp)."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+// attach(tensor, side): give a storage Python has not seen yet (allocated by ATen) its
+// Python side. Returns the side the storage now has (an earlier one wins).
+py::object attach(const at::Tensor& tensor, py::object side) {
+  Owner* owner = owner_of(tensor.storage());
+  TORCH_CHECK(owner != nullptr, "this storage was not allocated by the neuron device");
+  if (owner->side == nullptr) {
+    owner->side = side.release().ptr();
+  }
+  return py::reinterpret_borrow<py::object>(owner->side);
+}
+
+py::object side_of(const at::Tensor& tensor) {
+  Owner* owner = tensor.has_storage() ? owner_of(tensor.storage()) : nullptr;
+  if (owner == nullptr || owner->side == nullptr) {
+    return py::none();
+  }
+  return py::reinterpret_borrow<py::object>(owner->side);
+}
+
+// regrow(tensor, nbytes): the tensor's storage gets a new address of `nbytes` (its Python
+// side, which the caller has resized, stays).
+void regrow(const at::Tensor& tensor, int64_t nbytes) {
+  Owner* old_owner = owner_of(tensor.storage());
+  TORCH_CHECK(old_owner != nullptr, "this storage was not allocated by the neuron device");
+  auto* owner = new Owner();
+  if (old_owner->side != nullptr) {
+    Py_INCREF(old_owner->side);
+    owner->side = old_owner->side;
+  }
+  auto* impl = tensor.storage().unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(device_data_ptr(static_cast<size_t>(nbytes), owner));
+  impl->set_nbytes(static_cast<size_t>(nbytes));
+}
+
+// twin(generator) -> the CPU generator a neuron generator draws through (the same object
+// for the same generator), or None for any other generator.
+py::object twin(py::object generator) {
+  if (!THPGenerator_Check(generator.ptr())) {
+    return py::none();
+  }
+  at::Generator gen = THPGenerator_Unwrap(generator.ptr());
+  auto* impl = dynamic_cast<NeuronGeneratorImpl*>(gen.unsafeGetGeneratorImpl());
+  if (impl == nullptr) {
+    return py::none();
+  }
+  return py::reinterpret_steal<py::object>(THPGenerator_Wrap(impl->twin()));
+}
+
+NeuronHooks* hooks = nullptr;
+
+// init(default_twin, synchronize, resize): register the allocators and hooks (once).
+void init(py::object default_twin, py::object synchronize, py::object resize) {
+  if (hooks != nullptr) {
+    return;
+  }
+  callbacks.synchronize = synchronize.release().ptr();
+  callbacks.resize = resize.release().ptr();
+  default_generator = at::make_generator<NeuronGeneratorImpl>(THPGenerator_Unwrap(default_twin.ptr()));
+  c10::SetAllocator(kDevice, &device_allocator);
+  hooks = new NeuronHooks();
+  at::RegisterPrivateUse1HooksInterface(hooks);
+}
+
+}  // namespace neuron
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "The PrivateUse1 hooks of the simulated neuron device that Python cannot reach (see neuron.cpp)";
+  m.def("init", &neuron::init);
+  m.def("attach", &neuron::attach);
+  m.def("side_of", &neuron::side_of);
+  m.def("regrow", &neuron::regrow);
+  m.def("twin", &neuron::twin);
+  PyModule_AddFunctions(m.ptr(), neuron::hot_methods);
+}
