@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import re
 import warnings
 
 import torch
@@ -100,9 +101,27 @@ def _whole_ops():
             yield op
 
 
+def _refuse_sparse(op, *args, **kwargs):
+    raise NotImplementedError(
+        f"sparse tensors are not supported on the neuron device ({op._schema.name}); convert with .to_dense() first"
+    )
+
+
 def _register_kernels() -> None:
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(_boxed_fallback, dispatch_key="PrivateUse1")
+    for sparse in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
+        fallback.fallback(_refuse_sparse, dispatch_key=sparse)
+    constructors = torch.library.Library("aten", "IMPL")
+    for name in torch._C._dispatch_get_all_op_names():  # sparse tensors made of device parts
+        base = name[len("aten::"):].split(".")[0]
+        if name.startswith("aten::") and re.match(r"_?sparse_(coo|csr|csc|bsr|bsc|compressed)_tensor", base):
+            qualified = name[len("aten::"):]
+            packet, _, overload = qualified.partition(".")
+            op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+            for key in ("PrivateUse1", "SparsePrivateUse1", "SparseCsrPrivateUse1"):
+                constructors.impl(qualified, functools.partial(_refuse_sparse, op), key)
+    _STATE["libraries"].append(constructors)
     whole = torch.library.Library("aten", "IMPL")
     for op in _whole_ops():
         whole.impl(op._schema.name[len("aten::"):] + (f".{op._overloadname}" if op._overloadname != "default" else ""),

@@ -76,8 +76,10 @@ def run_copy(entry, args, kwargs):
 
 
 def _upload(source: torch.Tensor, kwargs):
-    """A host tensor to the device: a fresh device tensor, then one copy kernel that reads
-    a snapshot of the host tensor (the host may change it meanwhile)."""
+    """``cpu_tensor.to('neuron')``: one kernel that makes a fresh device tensor from a
+    snapshot of the host tensor (the host may change it meanwhile), converting the dtype
+    if asked. Its output is a result of the kernel, so an upload dropped after a failure
+    leaves a poisoned tensor, never one of uninitialized memory."""
     if source.layout != torch.strided:
         raise NotImplementedError(
             f"{source.layout} tensors are not supported on the neuron device; convert with "
@@ -86,13 +88,7 @@ def _upload(source: torch.Tensor, kwargs):
     device = kwargs.get("device")
     if device is not None and device.index:
         raise _dispatch.invalid_ordinal(device)
-    meta = aten._to_copy.default(torch.empty_strided(source.shape, source.stride(), dtype=source.dtype, device="meta"),
-                                 **dict(kwargs, device=torch.device("meta")))
-    shape, stride = tuple(meta.shape), tuple(meta.stride())
-    nbytes = storage_nbytes(shape, stride, meta.element_size())
-    target = device_tensor(shape, stride, meta.dtype, DeviceStorage(shape, stride, meta.dtype, nbytes), nbytes)
-    _dispatch.launch(op_entry(aten.copy_.default), (target, source), {})
-    return target
+    return _dispatch.launch(op_entry(aten._to_copy.default), (source,), kwargs)
 
 
 def _histc_any_dtype(input, bins=100, min=0, max=0):

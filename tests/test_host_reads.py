@@ -27,14 +27,18 @@ def test_deepcopy():
     assert copy.deepcopy(pending()).cpu().tolist() == EXPECTED
 
 
-def test_deepcopy_of_a_parameter_and_its_grad():
-    p = torch.nn.Parameter(pending())
-    p.grad = pending() + 1
-    p.tag = "kept"
-    q = copy.deepcopy(p)
-    assert isinstance(q, torch.nn.Parameter) and q.tag == "kept"
-    assert q.detach().cpu().tolist() == EXPECTED
-    assert q.grad.cpu().tolist() == [1.0, 3.0, 5.0, 7.0]
+def test_deepcopy_keeps_what_the_cpu_keeps():
+    """A leaf tensor's attributes and grad are deep-copied, as on the CPU (a Parameter's
+    deepcopy drops both on every device: torch's own Parameter.__deepcopy__)."""
+    for device in ("cpu", "neuron"):
+        t = (torch.arange(4.0) * 2).to(device).requires_grad_()
+        t.grad = (t.detach() + 1)
+        t.tag = "kept"
+        u = copy.deepcopy(t)
+        assert u.tag == "kept" and u.requires_grad and u.device.type == device
+        assert u.detach().cpu().tolist() == EXPECTED and u.grad.cpu().tolist() == [1.0, 3.0, 5.0, 7.0]
+        p = torch.nn.Parameter(pending().to(device))
+        assert copy.deepcopy(p).detach().cpu().tolist() == EXPECTED
 
 
 def test_pickle():
@@ -86,9 +90,14 @@ def test_host_comparison_ops():
     assert torch.allclose(pending(), torch.tensor(EXPECTED).to("neuron"))
 
 
-def test_dlpack_is_refused_with_a_clear_error():
-    """No DLPack consumer knows the device, and a capsule is read without a sync point;
-    the host copy is one ``.cpu()`` away, as for numpy."""
-    for export in (lambda t: t.__dlpack__(), torch.from_dlpack, np.from_dlpack):
-        with pytest.raises(RuntimeError, match=r"neuron.*DLPack.*cpu\(\)"):
-            export(pending())
+def test_dlpack_from_torch_to_torch_aliases_and_others_refuse():
+    """A DLPack capsule of a neuron tensor names PyTorch's PrivateUse1 device: torch reads
+    it back as the same storage (so reads still wait for the kernels); numpy, which knows
+    no such device, refuses it."""
+    t = pending()
+    again = torch.from_dlpack(t.__dlpack__())
+    assert again.device.type == "neuron"
+    assert again.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+    assert again.cpu().tolist() == EXPECTED
+    with pytest.raises(RuntimeError, match="Unsupported device"):
+        np.from_dlpack(pending())

@@ -49,7 +49,7 @@ def test_batch_norm_functional_in_eval_and_training():
 
 def test_sparse_tensors_are_refused_clearly():
     x = torch.randn(3, 3)
-    with pytest.raises(NotImplementedError, match="sparse_coo tensors are not supported"):
+    with pytest.raises(NotImplementedError, match="sparse tensors are not supported on the neuron device"):
         x.to_sparse().to("neuron")
     with pytest.raises(NotImplementedError, match="not supported on the neuron device"):
         x.to_sparse_csr().to("neuron")

@@ -100,3 +100,21 @@ def test_packed_sequences(kind):
         torch.testing.assert_close(a, b, **TOLERANCE)
 
 
+
+
+@pytest.mark.parametrize("kind", [torch.nn.LSTM, torch.nn.GRU])
+def test_a_module_that_ran_on_the_cpu_moves_to_the_device(kind):
+    """An RNN that ran on the CPU holds references to its flat weights; ``.to('neuron')``
+    must still move it, keeping each Parameter the same object."""
+    torch.manual_seed(0)
+    module = kind(3, 4, num_layers=2)
+    x = torch.randn(5, 2, 3)
+    expected = module(x)[0]
+    before = list(module.parameters())
+    module.to("neuron")
+    assert all(p is q for p, q in zip(module.parameters(), before))
+    assert all(p.device.type == "neuron" for p in module.parameters())
+    assert all(w.device.type == "neuron" for w in module._flat_weights)
+    torch.testing.assert_close(module(x.to("neuron"))[0].cpu(), expected.detach(), **TOLERANCE)
+    module.to("cpu")
+    torch.testing.assert_close(module(x)[0], expected, **TOLERANCE)
