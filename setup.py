@@ -5,7 +5,7 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 setup(
     ext_modules=[
-        CppExtension("adaptive_eager.device._native", ["device/csrc/neuron.cpp"], extra_compile_args=["-O2"]),
+        CppExtension("adaptive_eager_device._C", ["device/csrc/neuron.cpp"], extra_compile_args=["-O2"]),
     ],
     cmdclass={"build_ext": BuildExtension},
 )

@@ -1,7 +1,10 @@
 """Adaptive eager for the simulated ``neuron`` PyTorch device.
 
-``import adaptive_eager`` registers the ``neuron`` device (``import torch`` alone does it
-too, through the ``torch.backends`` entry point) and gives the runtime's public API:
+``import torch`` registers the ``neuron`` device through the ``torch.backends`` entry
+point: it loads the device package (``adaptive_eager_device``, the repository's
+``device/``) and nothing of this runtime, unless ``NEURON_ADAPTIVE_EAGER``,
+``NEURON_FUSION_STATS`` or ``NEURON_LOG_LEVEL`` ask for it. ``import adaptive_eager``
+loads the runtime and gives its public API:
 
 - ``stats()``, ``reset_stats()``: the fusion-statistics dump (also written as JSON at
   exit to ``NEURON_FUSION_STATS=<path>``);
@@ -14,22 +17,16 @@ from __future__ import annotations
 
 import os as _os
 
-# In a source checkout, device/ and fusion/ sit beside this folder; an install maps them
-# into this package (setup.cfg, package_dir). Make the checkout layout importable too.
 _here = _os.path.dirname(_os.path.abspath(__file__))
-if not _os.path.isdir(_os.path.join(_here, "device")):
-    _root = _os.path.dirname(_here)
-    if _os.path.isfile(_os.path.join(_root, "device", "__init__.py")):
-        __path__.append(_root)  # noqa: F821
 
 # torch first: `import torch` itself autoloads this package's entry point
 # (device.backend.register), which must find torch fully imported, not half-way.
 import torch  # noqa: E402,F401
 
-from .device import NeuronRuntimeError, PoisonedTensorError  # noqa: E402
-from .device.config import CONFIG as _CONFIG  # noqa: E402
-from .device.location import add_internal_dir as _add_internal_dir  # noqa: E402
-from .device.sync import synchronize as _synchronize  # noqa: E402
+from adaptive_eager_device import NeuronRuntimeError, PoisonedTensorError  # noqa: E402
+from adaptive_eager_device.config import CONFIG as _CONFIG  # noqa: E402
+from adaptive_eager_device.location import add_internal_dir as _add_internal_dir  # noqa: E402
+from adaptive_eager_device.sync import synchronize as _synchronize  # noqa: E402
 from .mode import disable, enable, is_enabled, mode  # noqa: E402
 from .statistics import install_exit_dump as _install_exit_dump  # noqa: E402
 from .statistics import reset_stats, stats  # noqa: E402
@@ -48,13 +45,13 @@ def synchronize() -> None:
 def inject_fault(op_name: str, nth: int = 1) -> None:
     """Fault injection for tests: the ``nth`` kernel (from now) running ``op_name``
     (``"aten::mul"`` or ``"mul"``) fails on the device. Same as ``NEURON_SIM_FAULT``."""
-    from .device.queue import QUEUE
+    from adaptive_eager_device.queue import QUEUE
 
     QUEUE.inject_fault(op_name, nth)
 
 
 def clear_faults() -> None:
-    from .device.queue import QUEUE
+    from adaptive_eager_device.queue import QUEUE
 
     QUEUE.clear_faults()
 

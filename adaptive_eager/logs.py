@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from .device.config import CONFIG, parse_log_level
+from adaptive_eager_device.config import CONFIG, parse_log_level
 
 ROOT = "adaptive_eager"
 FORMAT = "[%(name)s %(levelname)s] %(message)s"

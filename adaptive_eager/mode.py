@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 
-from .device import sync as _sync
+from adaptive_eager_device import sync as _sync
 
 _ADAPTIVE = {"sink": None}
 
@@ -17,7 +17,7 @@ _ADAPTIVE = {"sink": None}
 def _adaptive_sink():
     sink = _ADAPTIVE["sink"]
     if sink is None:
-        from .device.backend import freeze_import_time_objects
+        from adaptive_eager_device.backend import freeze_import_time_objects
         from .window import AdaptiveSink
 
         sink = _ADAPTIVE["sink"] = AdaptiveSink()

@@ -12,12 +12,12 @@ import atexit
 import json
 from collections import Counter
 
-from .device.config import CONFIG
-from .device.cost_model import PROFILE
-from .device.metrics import COUNTERS
-from .device.queue import QUEUE
-from .device.storage import MEMORY
-from .device.sync import current_sink, flush
+from adaptive_eager_device.config import CONFIG
+from adaptive_eager_device.cost_model import PROFILE
+from adaptive_eager_device.metrics import COUNTERS
+from adaptive_eager_device.queue import QUEUE
+from adaptive_eager_device.storage import MEMORY
+from adaptive_eager_device.sync import current_sink, flush
 
 STATS_VERSION = 1
 
@@ -123,6 +123,8 @@ def _dump_at_exit() -> None:
 
 
 def install_exit_dump() -> None:
-    """Called once by ``import adaptive_eager``."""
-    atexit.register(_dump_at_exit)
+    """Called once by ``import adaptive_eager``: the dump at exit, when
+    ``NEURON_FUSION_STATS`` asks for one."""
+    if CONFIG.stats_path:
+        atexit.register(_dump_at_exit)
 

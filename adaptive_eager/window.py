@@ -25,8 +25,8 @@ from __future__ import annotations
 import logging
 import torch
 
-from .device.config import CONFIG
-from .device.queue import QUEUE
+from adaptive_eager_device.config import CONFIG
+from adaptive_eager_device.queue import QUEUE
 from .fusion.caches import CountingLRU
 from .fusion.categories import BARRIER, category
 from .fusion.kernels import FAILED_SIGNATURES, KernelCache, WindowLaunches

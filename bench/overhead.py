@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import adaptive_eager  # noqa: E402
-from adaptive_eager.device.sync import synchronize  # noqa: E402
+from adaptive_eager_device.sync import synchronize  # noqa: E402
 
 OPS_PER_CHAIN = 5
 

@@ -5,15 +5,15 @@ works alone: one op is one kernel launch on the single hardware execution queue.
 adaptive runtime (``adaptive_eager``) plugs in between op interception and the queue
 through ``device.sync.set_sink``.
 
-Installed as ``adaptive_eager.device`` (see setup.cfg).
+Installed as ``adaptive_eager_device`` (see setup.cfg): ``import torch`` loads this
+package alone.
 """
 from .backend import register
-
-register()
-
-from .errors import NeuronRuntimeError, PoisonedTensorError  # noqa: E402
-from .metrics import COUNTERS  # noqa: E402
-from .queue import QUEUE  # noqa: E402
-from .sync import synchronize  # noqa: E402
+from .errors import NeuronRuntimeError, PoisonedTensorError
+from .metrics import COUNTERS
+from .queue import QUEUE
+from .sync import synchronize
 
 __all__ = ["NeuronRuntimeError", "PoisonedTensorError", "COUNTERS", "QUEUE", "register", "synchronize"]
+
+register()

@@ -49,34 +49,60 @@ def _refuse_bad_configuration() -> None:
         raise ValueError(problem)
 
 
-def _handle(op, args, kwargs):
-    """One op on the device: the dispatcher, under the host lock. An error inside
-    ``backward()`` is deferred to the next sync point instead (``defer_in_backward``):
-    PyTorch aborts the process when an error leaves a device op on the autograd engine's
-    thread."""
-    from .dispatch import defer_in_backward, dispatch
+def _make_handler():
+    """The body of every kernel registered here: the op of an ``OpEntry`` on the
+    dispatcher, under the host lock. An error inside ``backward()`` is deferred to the
+    next sync point instead (``defer_in_backward``): PyTorch aborts the process when an
+    error leaves a device op on the autograd engine's thread. Built once, with its names
+    bound: it runs for every op."""
+    from .config import CONFIG
+    from .dispatch import defer_in_backward, run
     from .queue import HOST_LOCK
 
-    _refuse_bad_configuration()
-    with HOST_LOCK:
+    acquire, release = HOST_LOCK.acquire, HOST_LOCK.release
+    checked = not CONFIG.errors
+
+    def handle(entry, args, kwargs):
+        if not checked:
+            _refuse_bad_configuration()
+        acquire()
         try:
-            return dispatch(op, args, kwargs)
+            return run(entry, args, kwargs)
         except Exception as error:
             if _current_graph_task_id() == -1:  # not inside backward: raise as usual
                 raise
-            result = defer_in_backward(op, args, kwargs, error)
+            result = defer_in_backward(entry.op, args, kwargs, error)
             if result is None:
                 raise
             return result
+        finally:
+            release()
+
+    return handle
 
 
 def _boxed_fallback(op, *args, **kwargs):
-    return _handle(op, args, kwargs)
+    entry = _ENTRY_BY_ID.get(id(op))  # id(): an OpOverload hashes in Python
+    if entry is None:
+        from .op_table import op_entry
+
+        entry = _ENTRY_BY_ID[id(op)] = op_entry(op)
+    return _handle(entry, args, kwargs)
+
+
+_ENTRY_BY_ID: dict = {}
 
 
 def _kernel_for(op):
+    entry = None
+
     def kernel(*args, **kwargs):
-        return _handle(op, args, kwargs)
+        nonlocal entry
+        if entry is None:
+            from .op_table import op_entry
+
+            entry = op_entry(op)
+        return _handle(entry, args, kwargs)
 
     return kernel
 
@@ -152,7 +178,7 @@ def _dense_both(tensor, other) -> bool:
 
 def _load_hooks() -> None:
     """The C++ hooks: allocator, storage resizing, pinned memory, generators."""
-    from . import _native
+    from . import _C as _native
     from .random import GENERATOR
     from .storage import DeviceStorage
     from .sync import synchronize
@@ -209,6 +235,8 @@ def register() -> None:
         torch._register_device_module("neuron", api)
         torch._C._acc.register_python_privateuseone_device_guard(_DeviceGuard())
     _load_hooks()
+    global _handle
+    _handle = _make_handler()
     _register_kernels()
     register_autocast()
     _patch_accelerator()
@@ -218,8 +246,12 @@ def register() -> None:
     from .trace import start_from_environment
 
     start_from_environment()
-    freeze_import_time_objects()
     _STATE["registered"] = True
+    from .config import CONFIG
+
+    if CONFIG.adaptive or CONFIG.stats_path or CONFIG.log_level is not None:
+        import adaptive_eager  # noqa: F401  (the runtime: adaptive eager, the dump at exit, logging)
+    freeze_import_time_objects()
 
 
 def freeze_import_time_objects() -> None:

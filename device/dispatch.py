@@ -26,7 +26,7 @@ from .kernel import OpRecord
 from .location import capture_location
 from .metrics import COUNTERS
 from .op_table import (
-    _ENTRIES, COLLECTIVE, COPY, DATA_DEPENDENT, DECOMPOSE, HOST_READ, KERNEL, METADATA, NO_OP, VIEW, op_entry,
+    COLLECTIVE, COPY, DATA_DEPENDENT, DECOMPOSE, HOST_READ, KERNEL, METADATA, NO_OP, VIEW, op_entry,
 )
 from .queue import QUEUE
 from .random import GENERATOR, generator_twin
@@ -177,9 +177,12 @@ def _record_call(entry, args, kwargs):
 
 
 def dispatch(func, args, kwargs):
-    entry = _ENTRIES.get(func)
-    if entry is None:
-        entry = op_entry(func)
+    """``func`` (an OpOverload) on the device."""
+    return run(op_entry(func), args, kwargs)
+
+
+def run(entry, args, kwargs):
+    """The op of ``entry`` (its ``op_table.OpEntry``) on the device: the per-op entry."""
     kind = entry.kind
     if kind is KERNEL:
         if entry.allocation:
@@ -364,7 +367,7 @@ def defer_in_backward(func, args, kwargs, error: BaseException):
     """
     from .errors import KernelFailure, describe_call
 
-    entry = _ENTRIES.get(func) or op_entry(func)
+    entry = op_entry(func)
     kwargs = kwargs or {}
     try:
         inference = infer(entry, args, kwargs, _is_device)

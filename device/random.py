@@ -40,7 +40,7 @@ GENERATOR.manual_seed(torch.initial_seed())
 def generator_twin(generator):
     """The CPU generator a ``torch.Generator(device="neuron")`` draws through (the CPU
     kernels that run the device's ops take CPU generators), or None for another one."""
-    from . import _native
+    from . import _C as _native
 
     return _native.twin(generator)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _native
+from . import _C as _native
 from .storage import DeviceStorage, ReinterpretRef, ViewRef
 
 NEURON = torch.device("neuron", 0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _native
+from . import _C as _native
 from . import sync as _sync
 from .metrics import COUNTERS
 from .storage import storage_nbytes

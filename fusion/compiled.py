@@ -37,9 +37,9 @@ import typing
 
 import torch
 
-from adaptive_eager.device.config import CONFIG
-from adaptive_eager.device.kernel import resolve
-from adaptive_eager.device.storage import DeviceStorage, ViewRef
+from adaptive_eager_device.config import CONFIG
+from adaptive_eager_device.kernel import resolve
+from adaptive_eager_device.storage import DeviceStorage, ViewRef
 
 LOG = logging.getLogger("adaptive_eager.fusion")
 ENABLED = CONFIG.build_kernels

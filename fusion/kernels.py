@@ -24,8 +24,8 @@ import threading
 
 import torch
 
-from adaptive_eager.device.cost_model import PROFILE
-from adaptive_eager.device.kernel import in_layout, resolve, run_record
+from adaptive_eager_device.cost_model import PROFILE
+from adaptive_eager_device.kernel import in_layout, resolve, run_record
 
 from . import compiled as compiled_kernels
 from .caches import CountingLRU

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from adaptive_eager.device.storage import DeviceStorage, ViewRef
+from adaptive_eager_device.storage import DeviceStorage, ViewRef
 
 
 class PatternSpec:

@@ -34,7 +34,7 @@ from typing import List, Optional
 
 import torch
 
-from adaptive_eager.device.storage import DeviceStorage, ViewRef
+from adaptive_eager_device.storage import DeviceStorage, ViewRef
 
 from .matching import Context, Match, checks_pass, dims_of
 

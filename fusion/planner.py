@@ -27,7 +27,7 @@ import logging
 
 import networkx as nx
 
-from adaptive_eager.device.queue import BatchCost
+from adaptive_eager_device.queue import BatchCost
 
 from .categories import BARRIER, MATMUL, OPAQUE, REDUCTION, category
 from .graph import build_graph, would_create_cycle

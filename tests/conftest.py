@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import adaptive_eager
-from adaptive_eager.device.config import CONFIG
-from adaptive_eager.device.queue import QUEUE
+from adaptive_eager_device.config import CONFIG
+from adaptive_eager_device.queue import QUEUE
 
 
 @pytest.fixture(autouse=True)

@@ -62,11 +62,11 @@ def test_no_import_changes_the_public_api():
 
     import adaptive_eager
 
-    import adaptive_eager.device
+    import adaptive_eager_device
     import adaptive_eager.fusion
 
     before = {name: getattr(adaptive_eager, name) for name in adaptive_eager.__all__}
-    for package in (adaptive_eager, adaptive_eager.device, adaptive_eager.fusion):
+    for package in (adaptive_eager, adaptive_eager_device, adaptive_eager.fusion):
         for module in pkgutil.iter_modules(package.__path__[:1]):
             if module.name != "__main__" and not module.ispkg:
                 importlib.import_module(f"{package.__name__}.{module.name}")

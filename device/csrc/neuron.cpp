@@ -1,7 +1,7 @@
 // The PrivateUse1 hooks Python cannot reach, for the simulated `neuron` device.
 //
 // Built by the README's install command (setup.py, torch.utils.cpp_extension) as
-// adaptive_eager.device._native; device/backend.py calls init() when it registers the
+// adaptive_eager_device._C; device/backend.py calls init() when it registers the
 // device. What is here, and only this:
 //
 // - device memory: an allocator of PrivateUse1 storages. A storage is an identity: a
@@ -79,6 +79,7 @@ void call_synchronize() {
 // `describe` can tell a tensor covering its storage exactly from a view of it.
 struct Owner {
   PyObject* side = nullptr;
+  PyObject* signature = nullptr;  // (shape, stride, dtype) of its layout, made on first use
   uintptr_t address = 0;  // its key in owners_by_address (0: none, an empty allocation)
   bool has_layout = false;
   std::vector<int64_t> sizes;
@@ -100,13 +101,16 @@ void release_owner(void* context) {
     std::lock_guard<std::mutex> lock(addresses_mutex);
     owners_by_address.erase(owner->address);
   }
-  if (owner->side != nullptr && python_alive()) {
+  if ((owner->side != nullptr || owner->signature != nullptr) && python_alive()) {
     py::gil_scoped_acquire gil;
-    // the storage is gone: nothing can read this value any more (DeviceStorage.alive)
-    if (PyObject_SetAttrString(owner->side, "alive", Py_False) != 0) {
-      PyErr_Clear();
+    if (owner->side != nullptr) {
+      // the storage is gone: nothing can read this value any more (DeviceStorage.alive)
+      if (PyObject_SetAttrString(owner->side, "alive", Py_False) != 0) {
+        PyErr_Clear();
+      }
+      Py_DECREF(owner->side);
     }
-    Py_DECREF(owner->side);
+    Py_XDECREF(owner->signature);
   }
   delete owner;
 }
@@ -352,9 +356,24 @@ PyObject* empty(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
 // Python has not seen the storage yet), `covers` whether the tensor is exactly the
 // layout its storage was made for (offset 0, same sizes, strides and dtype, no
 // conjugate or negative bit): then the storage alone stands for it.
+PyObject* signature_of(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype) {
+  PyObject* dtype_object = reinterpret_cast<PyObject*>(torch::getTHPDtype(dtype));
+  PyObject* shape = int_tuple(sizes);
+  PyObject* stride = int_tuple(strides);
+  PyObject* signature = PyTuple_Pack(3, shape, stride, dtype_object);
+  Py_DECREF(shape);
+  Py_DECREF(stride);
+  return signature;
+}
+
 PyObject* describe(PyObject* /*module*/, PyObject* value) {
-  if (!THPVariable_Check(value)) {
-    Py_RETURN_NONE;
+  PyTypeObject* type = Py_TYPE(value);
+  if (!THPVariable_CheckTypeExact(type)) {
+    // the common arguments that are not tensors, answered without an isinstance walk
+    if (type == &PyFloat_Type || type == &PyLong_Type || type == &PyBool_Type || value == Py_None ||
+        type == &PyList_Type || type == &PyTuple_Type || !THPVariable_Check(value)) {
+      Py_RETURN_NONE;
+    }
   }
   const at::Tensor& tensor = THPVariable_Unpack(value);
   if (!tensor.defined() || tensor.device().type() != kDevice || !tensor.has_storage()) {
@@ -368,13 +387,16 @@ PyObject* describe(PyObject* /*module*/, PyObject* value) {
   bool covers = owner != nullptr && owner->has_layout && tensor.storage_offset() == 0 && dtype == owner->dtype &&
                 sizes.equals(owner->sizes) && strides.equals(owner->strides) && !tensor.is_conj() &&
                 !tensor.is_neg();
-  PyObject* dtype_object = reinterpret_cast<PyObject*>(torch::getTHPDtype(dtype));
-  Py_INCREF(dtype_object);
-  PyObject* signature = PyTuple_Pack(3, int_tuple(sizes), int_tuple(strides), dtype_object);
-  // PyTuple_Pack took its own references to the two tuples and the dtype
-  Py_DECREF(PyTuple_GET_ITEM(signature, 0));
-  Py_DECREF(PyTuple_GET_ITEM(signature, 1));
-  Py_DECREF(dtype_object);
+  PyObject* signature;
+  if (covers) {  // the storage's own layout: its signature is made once
+    if (owner->signature == nullptr) {
+      owner->signature = signature_of(sizes, strides, dtype);
+    }
+    signature = owner->signature;
+    Py_INCREF(signature);
+  } else {
+    signature = signature_of(sizes, strides, dtype);
+  }
   PyObject* side = owner != nullptr && owner->side != nullptr ? owner->side : Py_None;
   PyObject* result = PyTuple_Pack(3, signature, side, covers ? Py_True : Py_False);
   Py_DECREF(signature);
