@@ -56,7 +56,8 @@ def _make_handler():
     error leaves a device op on the autograd engine's thread. Built once, with its names
     bound: it runs for every op."""
     from .config import CONFIG
-    from .dispatch import defer_in_backward, run
+    from .dispatch import run
+    from .recorder import defer_in_backward
     from .queue import HOST_LOCK
 
     acquire, release = HOST_LOCK.acquire, HOST_LOCK.release

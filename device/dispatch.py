@@ -1,179 +1,30 @@
-"""Op interception: every aten op on a neuron tensor, and every factory with
-``device='neuron'``, arrives at :func:`dispatch` (from the PrivateUse1 kernels
-``device/backend.py`` registers).
+"""Op routing: every aten op on a neuron tensor, and every factory with
+``device='neuron'``, arrives at :func:`run` (from the PrivateUse1 kernels
+``backend.py`` registers), which hands it to the handler of its kind (``op_table``):
 
-What happens to an op depends on its kind (``op_table``):
-
-- kernels (functional, in-place, ``out=``, factories) are *recorded*: output metadata from
-  cached shape inference, output tensors created at once over fresh storages, and an
-  :class:`OpRecord` handed to the sink (strict: launched at once; adaptive: buffered);
-- views and in-place metadata changes run on the host at once (``views.py``): the CPU
-  kernel makes the new metadata over the same storage; they launch nothing;
-- host reads (``item``, printing, ``.cpu()``) and data-dependent ops (``nonzero``) are
-  sync points; ops without a meta kernel run on the CPU fallback, counted by name.
-
-This is the per-op hot path; keep it free of ``tree_map``, ``inspect`` and full stack
-walks. ``bench/overhead.py`` measures it.
+| kind | handler |
+| --- | --- |
+| kernel | ``recorder.launch`` (``recorder.allocate`` for ``empty``-like ops) |
+| view | ``views.run_view``: the CPU kernel's view over the same storage, no launch |
+| metadata | ``views.run_metadata``: ``t_``, ``resize_``, ``set_`` |
+| copy | :func:`run_copy`: uploads, device copies (kernels), downloads (sync points) |
+| host read, data-dependent | ``host_ops.run_on_host``: after a sync point |
+| collective | ``collectives.run_collective``: gloo on the host bytes |
+| decompose | :func:`decompose` (a composite seen when autograd is off) |
+| no-op | nothing (``record_stream``) |
 """
 from __future__ import annotations
 
-from time import perf_counter
-
 import torch
 
-from . import sync as _sync
-from .kernel import OpRecord
-from .location import capture_location
-from .metrics import COUNTERS
-from .op_table import (
-    COLLECTIVE, COPY, DATA_DEPENDENT, DECOMPOSE, HOST_READ, KERNEL, METADATA, NO_OP, VIEW, op_entry,
-)
-from .queue import QUEUE
-from .random import GENERATOR, generator_twin
-from .shapes import NO_META, SHAPE_CACHE, SHAPE_CACHE_SIZE, MetaRejected, infer
-from .storage import DeviceStorage, storage_nbytes
-from .streams import STATE as _STREAMS
-from .tensor import describe, device_tensor, reference, storage_of
+from . import recorder
+from .collectives import run_collective
+from .host_ops import run_on_host
+from .op_table import COLLECTIVE, COPY, DATA_DEPENDENT, DECOMPOSE, HOST_READ, KERNEL, METADATA, NO_OP, VIEW, op_entry
+from .tensor import describe
+from .views import run_metadata, run_view
 
 aten = torch.ops.aten
-CPU = torch.device("cpu")
-_Tensor = torch.Tensor
-_SCALARS = (int, float, bool)
-
-# Ops that may take CPU tensors of any rank beside neuron ones, as CUDA's indexing does
-# (``_to_copy`` of a host tensor is an upload, ``host_ops._upload``).
-_HOST_TENSORS_OK = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default,
-                    aten._index_put_impl_.default, aten.copy_.default, aten._to_copy.default}
-
-
-class DeviceMismatchError(RuntimeError):
-    pass
-
-
-_COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
-
-
-def _mismatch(entry, tensor) -> DeviceMismatchError:
-    return DeviceMismatchError(
-        "Expected all tensors to be on the same device, but found at least two devices, "
-        f"neuron:0 and {tensor.device}! (when checking arguments for {entry.name})"
-    )
-
-
-def _host_tensor(entry, tensor, key):
-    """A CPU tensor argument of a device op: CUDA's rule, 0-dim ones mix freely."""
-    if tensor.dim() != 0 and entry.op not in _HOST_TENSORS_OK:
-        raise _mismatch(entry, tensor)
-    key.append(("host", tuple(tensor.shape), tensor.stride(), tensor.dtype))
-    return tensor.clone()  # the host may change it before the kernel runs
-
-
-def _convert(entry, value, key, reads):
-    """Record one argument that is not a neuron tensor: returns its reference, extends the
-    key."""
-    kind = type(value)
-    if kind is list or kind is tuple:
-        sub = []
-        refs = []
-        for item in value:
-            described = describe(item)
-            if described is not None:
-                signature, storage, covers = described
-                if storage is None:
-                    storage = storage_of(item)
-                sub.append(signature)
-                reads.append(storage)
-                refs.append(storage if covers else reference(item, signature, storage, covers))
-            else:
-                refs.append(_convert(entry, item, sub, reads))
-        key.append(tuple(sub))
-        return refs if kind is list else tuple(refs)
-    if kind in _SCALARS:
-        key.append(kind)
-        if kind is not float or entry.scalar_values_matter:
-            key.append(value)
-        return value
-    if isinstance(value, _Tensor):
-        if value.device.type == "neuron":  # a neuron tensor of no storage (FakeTensor's own)
-            raise _mismatch(entry, value)
-        return _host_tensor(entry, value, key)
-    if kind is torch.device:
-        if value.type == "neuron":
-            if value.index:
-                raise invalid_ordinal(value)
-            key.append("neuron")
-            return CPU
-        raise _mismatch(entry, torch.empty(1, device=value) if value.type == "meta" else torch.empty(1))
-    if kind is torch.Generator:
-        key.append("generator")
-        return value
-    key.append(value)
-    return value
-
-
-def invalid_ordinal(device) -> RuntimeError:
-    """``neuron:1`` on a machine with one neuron device: raise as CUDA does."""
-    return RuntimeError(f"neuron error: invalid device ordinal: {device} does not exist; the neuron device count is 1, "
-                        "so neuron:0 (or 'neuron') is the only device")
-
-
-def _is_device(value) -> bool:
-    return describe(value) is not None
-
-
-def _record_call(entry, args, kwargs):
-    """Convert the call: (key parts, reference args, reference kwargs, storages read,
-    whether an argument needs more than a storage lookup to resolve)."""
-    key = [entry.serial]
-    reads = []
-    refs = []
-    nested = False
-    for value in args:
-        described = describe(value)
-        if described is not None:
-            signature, storage, covers = described
-            if storage is None:
-                storage = storage_of(value)
-            key.append(signature)
-            reads.append(storage)
-            if covers:
-                refs.append(storage)
-            else:
-                nested = True
-                refs.append(reference(value, signature, storage, covers))
-        else:
-            if type(value) is list or type(value) is tuple:
-                nested = True
-            refs.append(_convert(entry, value, key, reads))
-    kwrefs = {}
-    if kwargs:
-        for name, value in kwargs.items():
-            key.append(name)
-            described = describe(value)
-            if described is not None:
-                signature, storage, covers = described
-                if storage is None:
-                    storage = storage_of(value)
-                key.append(signature)
-                reads.append(storage)
-                if covers:
-                    kwrefs[name] = storage
-                else:
-                    nested = True
-                    kwrefs[name] = reference(value, signature, storage, covers)
-            else:
-                if type(value) is list or type(value) is tuple:
-                    nested = True
-                kwrefs[name] = _convert(entry, value, key, reads)
-    if entry.generator_arg is not None:
-        generator = kwrefs.get("generator")
-        if generator is None:
-            kwrefs["generator"] = GENERATOR
-        else:
-            twin = generator_twin(generator)
-            if twin is not None:  # a neuron generator: draws through its CPU twin, in queue order
-                kwrefs["generator"] = twin
-    return key, refs, kwrefs, reads, nested
 
 
 def dispatch(func, args, kwargs):
@@ -184,91 +35,52 @@ def dispatch(func, args, kwargs):
 def run(entry, args, kwargs):
     """The op of ``entry`` (its ``op_table.OpEntry``) on the device: the per-op entry."""
     kind = entry.kind
-    if kind is KERNEL:
+    if kind is KERNEL:  # the common case first
         if entry.allocation:
-            return _allocate(entry, args, kwargs or {})
-        return launch(entry, args, kwargs)
-    if kind is VIEW:
-        return run_view(entry, args, kwargs or {})
-    if kind is COPY:
-        return run_copy(entry, args, kwargs or {})
-    if kind is HOST_READ:
-        return run_on_host(entry, args, kwargs or {}, "host_read")
-    if kind is DATA_DEPENDENT:
-        return run_on_host(entry, args, kwargs or {}, "data_dependent")
-    if kind is METADATA:
-        return run_metadata(entry, args, kwargs or {})
-    if kind is NO_OP:
-        return None
-    if kind is COLLECTIVE:
-        return run_collective(entry, args, kwargs or {})
-    if kind is DECOMPOSE:
-        return _decompose(entry, args, kwargs or {})
-    raise AssertionError(f"unknown op kind {kind}")
+            return recorder.allocate(entry, args, kwargs or {})
+        return recorder.launch(entry, args, kwargs)
+    return _HANDLERS[kind](entry, args, kwargs or {})
 
 
-def launch(entry, args, kwargs):
-    """Record a kernel: outputs now, computation on the queue."""
-    trace = QUEUE.trace
-    started = perf_counter() if trace is not None else 0.0
-    if entry.rewrite is not None:
-        entry = entry.rewrite
-    if entry.random and (entry.host_random or _explicit_generator(kwargs)):
-        return run_on_host(entry, args, kwargs or {}, "random_on_host")
-    try:
-        key, refs, kwrefs, reads, nested = _record_call(entry, args, kwargs)
-    except DeviceMismatchError:
-        if not entry.composite:
-            raise
-        # A composite written for every device, taking host tensors where it means to
-        # (``pack_padded_sequence``'s CPU lengths): run it, its ops come back here.
-        return entry.op._op_dk(_COMPOSITE, *args, **(kwargs or {}))
-    key = tuple(key)
-    inference = SHAPE_CACHE.get(key)
-    if inference is None:
-        try:
-            inference = infer(entry, args, kwargs or {}, _is_device)
-        except MetaRejected:
-            return run_on_host(entry, args, kwargs or {}, "meta_rejected")
-        if inference is not NO_META:
-            inference.key = key
-        SHAPE_CACHE[key] = inference
-        if len(SHAPE_CACHE) > SHAPE_CACHE_SIZE:
-            SHAPE_CACHE.popitem(last=False)  # the least recently used signature
-    else:
-        SHAPE_CACHE.move_to_end(key)
-    if inference is NO_META:
-        return run_on_host(entry, args, kwargs or {}, "fallback")
-    if inference.resized:
-        _resize_outputs(inference.resized, args, kwargs)
-        key, refs, kwrefs, reads, nested = _record_call(entry, args, kwargs)
-        key = tuple(key)
-
-    results = []
-    outputs = []
-    for spec in inference.outputs:
-        if spec is None:
-            results.append(None)
-            outputs.append(None)
-            continue
-        storage = DeviceStorage(spec.shape, spec.stride, spec.dtype, spec.nbytes)
-        results.append(storage)
-        outputs.append(device_tensor(spec.shape, spec.stride, spec.dtype, storage, spec.nbytes))
-    writes = tuple(_mutated_storages(entry, args, kwargs)) if entry.mutated else ()
-    issue = QUEUE.issued = QUEUE.issued + 1
-    record = OpRecord(
-        entry.op, refs, kwrefs, nested, reads, writes, results, capture_location(), inference.cost,
-        inference.key, inference.key_id, _STREAMS.current, issue,
-    )
-    COUNTERS.ops_recorded += 1
-    QUEUE.host_us += QUEUE.host_us_per_op
-    if trace is not None:
-        trace.issue(record, started)
-    _sync._sink.record(record)
-    return _build_return(entry, inference.structure, outputs, args, kwargs)
+def run_copy(entry, args, kwargs):
+    op = entry.op
+    if op is aten.copy_.default:
+        if describe(args[0]) is not None:
+            return recorder.launch(entry, args, kwargs)  # device <- device, or device <- host
+        return run_on_host(entry, args, kwargs, "copy_to_host")
+    if op is aten._to_copy.default:
+        device = kwargs.get("device")
+        if describe(args[0]) is None:  # host -> device
+            return _upload(args[0], kwargs)
+        if device is not None and device.type != "neuron":
+            return run_on_host(entry, args, kwargs, "copy_to_host")
+        if device is not None and device.index:
+            raise recorder.invalid_ordinal(device)
+        return recorder.launch(entry, args, kwargs)
+    if op is aten._copy_from.default:  # dst.copy_(src) with src on the device
+        src, dst = args[0], args[1]
+        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+        return dispatch(aten.copy_.default, (dst, src), {"non_blocking": non_blocking})
+    return run_on_host(entry, args, kwargs, "fallback")
 
 
-def _decompose(entry, args, kwargs):
+def _upload(source: torch.Tensor, kwargs):
+    """``cpu_tensor.to('neuron')``: one kernel that makes a fresh device tensor from a
+    snapshot of the host tensor (the host may change it meanwhile), converting the dtype
+    if asked. Its output is a result of the kernel, so an upload dropped after a failure
+    leaves a poisoned tensor, never one of uninitialized memory."""
+    if source.layout != torch.strided:
+        raise NotImplementedError(
+            f"{source.layout} tensors are not supported on the neuron device; convert with "
+            ".to_dense() first"
+        )
+    device = kwargs.get("device")
+    if device is not None and device.index:
+        raise recorder.invalid_ordinal(device)
+    return recorder.launch(op_entry(aten._to_copy.default), (source,), kwargs)
+
+
+def decompose(entry, args, kwargs):
     """A composite of other ops: run its decomposition, whose ops come back here. Sparse
     layouts stay refused (a composite would build a sparse tensor of neuron parts)."""
     if entry.layout_arg is not None:
@@ -279,113 +91,14 @@ def _decompose(entry, args, kwargs):
     return entry.op.decompose(*args, **kwargs)
 
 
-def _explicit_generator(kwargs) -> bool:
-    """A caller's own CPU generator: the host may draw from it right after this op, so the
-    op draws now, on the host, in program order (``random.py``). A neuron generator only
-    the device draws from: it stays on the queue."""
-    generator = kwargs.get("generator") if kwargs else None
-    return generator is not None and generator is not GENERATOR and generator.device.type != "neuron"
 
-
-def _resize_outputs(resized, args, kwargs):
-    """``out=`` tensors of the wrong shape get a fresh storage of the right one, as ATen
-    resizes them (growing from empty is the common case: ``torch.arange(n, out=...)``)."""
-    for index, name, spec in resized:
-        tensor = args[index] if index < len(args) else kwargs[name]
-        storage = DeviceStorage(spec.shape, spec.stride, spec.dtype, spec.nbytes)
-        fresh = device_tensor(spec.shape, spec.stride, spec.dtype, storage, spec.nbytes)
-        set_metadata(tensor, fresh.untyped_storage(), 0, spec.shape, spec.stride)
-
-
-def _mutated_storages(entry, args, kwargs):
-    for index, name in entry.mutated:
-        value = args[index] if index < len(args) else (kwargs or {}).get(name)
-        if isinstance(value, (list, tuple)):
-            for item in value:
-                if describe(item) is not None:
-                    yield storage_of(item)
-        elif describe(value) is not None:
-            yield storage_of(value)
-        elif isinstance(value, _Tensor):
-            raise _mismatch(entry, value)
-
-
-def _build_return(entry, structure, outputs, args, kwargs):
-    aliases = entry.return_alias
-    if structure == "tensor":
-        alias = aliases[0]
-        if alias is None:
-            return outputs[0]
-        index, name = alias
-        return args[index] if index < len(args) else kwargs[name]
-    if structure == "none":
-        return None
-    if structure == "list":
-        return outputs
-    values = []
-    for output, alias in zip(outputs, aliases):
-        if alias is None:
-            values.append(output)
-        else:
-            index, name = alias
-            values.append(args[index] if index < len(args) else kwargs[name])
-    return tuple(values)
-
-
-def _allocate(entry, args, kwargs):
-    """``empty``-like ops: a fresh storage, allocated on the host, no kernel."""
-    device = kwargs.get("device")
-    if device is not None and device.index:
-        raise invalid_ordinal(device)
-    meta_kwargs = {k: (torch.device("meta") if isinstance(v, torch.device) else v) for k, v in kwargs.items()}
-    meta_args = [
-        torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta") if isinstance(a, _Tensor) else a
-        for a in args
-    ]
-    meta = entry.op(*meta_args, **meta_kwargs)
-    shape, stride = tuple(meta.shape), tuple(meta.stride())
-    nbytes = storage_nbytes(shape, stride, meta.element_size())
-    # no bytes yet: the first kernel writing it makes them (an upload's copy), or a read
-    return device_tensor(shape, stride, meta.dtype, DeviceStorage(shape, stride, meta.dtype, nbytes), nbytes)
-
-
-from .collectives import run_collective  # noqa: E402
-from .host_ops import run_copy, run_on_host  # noqa: E402  (they launch kernels too)
-from .views import run_metadata, run_view, set_metadata  # noqa: E402
-
-
-def defer_in_backward(func, args, kwargs, error: BaseException):
-    """An op that raised on the host while the autograd engine runs backward: record the
-    error as a deferred device failure and return poisoned outputs, so the error reaches
-    the user at the next sync point, like a kernel failure.
-
-    Raising here is not an option: PyTorch's Python device guard calls back into Python
-    while C++ unwinds the autograd engine's device thread with the Python error still
-    set, and the process aborts ("terminate called without an active exception"). An
-    out-of-memory error during backward is the common case. Returns None, and the caller
-    raises ``error`` after all, when the outputs' metadata cannot be inferred.
-    """
-    from .errors import KernelFailure, describe_call
-
-    entry = op_entry(func)
-    kwargs = kwargs or {}
-    try:
-        inference = infer(entry, args, kwargs, _is_device)
-    except Exception:  # noqa: BLE001 - no metadata: nothing sensible to return
-        return None
-    if inference is NO_META:
-        return None
-    failure = getattr(error, "failure", None)  # a deferred failure a sync point re-raised
-    if failure is None:
-        issue = QUEUE.issued = QUEUE.issued + 1
-        failure = KernelFailure(entry.name, describe_call(entry.name, args, kwargs), capture_location(),
-                                None, error, QUEUE.submitted, issue)
-    outputs = []
-    for spec in inference.outputs:
-        if spec is None:
-            outputs.append(None)
-            continue
-        storage = DeviceStorage.poisoned(spec.shape, spec.stride, spec.dtype, failure)
-        outputs.append(device_tensor(spec.shape, spec.stride, spec.dtype, storage, spec.nbytes))
-    QUEUE.fail(failure, ())  # it never ran: what it updates in place keeps its value
-    return _build_return(entry, inference.structure, outputs, args, kwargs)
+_HANDLERS = {
+    VIEW: lambda entry, args, kwargs: run_view(entry, args, kwargs),
+    METADATA: lambda entry, args, kwargs: run_metadata(entry, args, kwargs),
+    COPY: run_copy,
+    HOST_READ: lambda entry, args, kwargs: run_on_host(entry, args, kwargs, "host_read"),
+    DATA_DEPENDENT: lambda entry, args, kwargs: run_on_host(entry, args, kwargs, "data_dependent"),
+    COLLECTIVE: lambda entry, args, kwargs: run_collective(entry, args, kwargs),
+    DECOMPOSE: decompose,
+    NO_OP: lambda entry, args, kwargs: None,
+}

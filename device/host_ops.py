@@ -1,21 +1,19 @@
-"""Ops that touch host memory: copies across devices, host reads, data-dependent ops and
-the CPU fallback.
+"""Ops run on the host bytes after a sync point: host reads, copies to the host,
+data-dependent ops, random ops that draw on the host, and the CPU fallback.
 
-Entry points: :func:`run_copy` (``copy_``, ``_to_copy``), :func:`run_on_host` (an op run
-on the CPU bytes after a sync point) and :func:`host_call_args` (a call's arguments with neuron
-tensors replaced by the CPU tensors holding their bytes).
+Entry points: :func:`run_on_host`, :func:`host_call_args` (a call's arguments with neuron
+tensors replaced by the CPU tensors holding their bytes) and :func:`upload_result` (a
+host result as device tensors).
 """
 from __future__ import annotations
 
 import torch
 
-from . import dispatch as _dispatch
 from . import sync as _sync
 from .config import CONFIG
 from .cost_model import PROFILE
 from .errors import poisoned_read_error
 from .metrics import COUNTERS
-from .op_table import op_entry
 from .queue import QUEUE
 from .random import GENERATOR, device_generator_as_default, generator_twin
 from .storage import DeviceStorage, storage_nbytes
@@ -51,44 +49,6 @@ def host_call_args(entry, args, kwargs, check_poison=False):
     if entry.generator_arg is not None and host_kwargs.get("generator") is None:
         host_kwargs["generator"] = GENERATOR
     return host_args, host_kwargs
-
-
-def run_copy(entry, args, kwargs):
-    op = entry.op
-    if op is aten.copy_.default:
-        if describe(args[0]) is not None:
-            return _dispatch.launch(entry, args, kwargs)  # device <- device, or device <- host
-        return run_on_host(entry, args, kwargs, "copy_to_host")
-    if op is aten._to_copy.default:
-        device = kwargs.get("device")
-        if describe(args[0]) is None:  # host -> device (ATen sends uploads as empty + copy_)
-            return _upload(args[0], kwargs)
-        if device is not None and device.type != "neuron":
-            return run_on_host(entry, args, kwargs, "copy_to_host")
-        if device is not None and device.index:
-            raise _dispatch.invalid_ordinal(device)
-        return _dispatch.launch(entry, args, kwargs)
-    if op is aten._copy_from.default:  # dst.copy_(src) with src on the device
-        src, dst = args[0], args[1]
-        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-        return _dispatch.dispatch(aten.copy_.default, (dst, src), {"non_blocking": non_blocking})
-    return run_on_host(entry, args, kwargs, "fallback")
-
-
-def _upload(source: torch.Tensor, kwargs):
-    """``cpu_tensor.to('neuron')``: one kernel that makes a fresh device tensor from a
-    snapshot of the host tensor (the host may change it meanwhile), converting the dtype
-    if asked. Its output is a result of the kernel, so an upload dropped after a failure
-    leaves a poisoned tensor, never one of uninitialized memory."""
-    if source.layout != torch.strided:
-        raise NotImplementedError(
-            f"{source.layout} tensors are not supported on the neuron device; convert with "
-            ".to_dense() first"
-        )
-    device = kwargs.get("device")
-    if device is not None and device.index:
-        raise _dispatch.invalid_ordinal(device)
-    return _dispatch.launch(op_entry(aten._to_copy.default), (source,), kwargs)
 
 
 def _histc_any_dtype(input, bins=100, min=0, max=0):

@@ -137,7 +137,7 @@ class DeviceStorage:
     def poisoned(cls, shape, stride, dtype, failure) -> "DeviceStorage":
         """A storage that holds no memory and no valid data: the output of an op that
         failed on the host where it could not raise (inside backward; see
-        ``dispatch.defer_in_backward``). Reading it raises ``failure``."""
+        ``recorder.defer_in_backward``). Reading it raises ``failure``."""
         storage = cls.__new__(cls)
         storage.nbytes = None  # nothing booked, nothing to free
         storage.shape, storage.stride, storage.dtype = shape, stride, dtype
