@@ -124,6 +124,8 @@ class AdaptiveSink:
         the three lists. An *escaping* output's number is complemented (negative): one
         still needed after the flush, because its storage is still referenced (by the
         user, a view, autograd's saved tensors, an optimizer's state: ``DeviceStorage.alive``).
+        So is a written storage's when nothing references it any more (its write need not
+        be written back).
         Built in one pass at every flush: this is host time per op."""
         local: dict = {}
         parts = []
@@ -140,7 +142,7 @@ class AdaptiveSink:
                 number = get(storage)
                 if number is None:
                     number = local[storage] = len(local)
-                append(number)
+                append(number if storage.alive else ~number)  # dead writes are not written back
             for storage in record.results:
                 if storage is None:
                     append(None)

@@ -134,7 +134,7 @@ def _signature(members, records, touched_by, dead) -> tuple:
     return (tuple(records[index].key for index in members), flow, tuple(sorted(dead)), len(members))
 
 
-def _build_spec(members, records, dead, signature, patterns=(), repeats=1) -> KernelSpec:
+def _build_spec(members, records, dead, signature, patterns=(), repeats=1, dead_writes=frozenset()) -> KernelSpec:
     produced = {}
     for offset, index in enumerate(members):
         for position, storage in enumerate(records[index].results):
@@ -157,7 +157,7 @@ def _build_spec(members, records, dead, signature, patterns=(), repeats=1) -> Ke
             if storage is not None and (offset, position) not in dead:
                 written[storage] = max(written.get(storage, 0), nbytes)
         for storage, nbytes in zip(record.writes, cost.write_bytes):
-            if storage not in dead_storages:
+            if storage not in dead_storages and storage not in dead_writes:
                 written[storage] = max(written.get(storage, 0), nbytes)
     # a library kernel reads its chain's inputs where it runs: at the chain's last op
     runs_at = {offset: pattern.root for pattern in patterns for offset in pattern.members}
@@ -209,14 +209,24 @@ def group_spec(members, records, touched_by, escapes, kernel_cache=None, matches
                 continue
             if touched_by.get(storage, set()) <= inside:
                 dead.add((offset, position))
+    # Writes in place to a storage nothing references any more (``DeviceStorage.alive``:
+    # a buffer autograd accumulated a gradient into and let go), touched only inside the
+    # kernel: nothing can read the value after it, so it is never written back either.
+    dead_writes = {
+        (offset, i)
+        for offset, index in enumerate(members)
+        for i, storage in enumerate(records[index].writes)
+        if not storage.alive and touched_by.get(storage, set()) <= inside
+    }
     where = {index: offset for offset, index in enumerate(members)}
-    signature = _signature(members, records, touched_by, dead) + tuple(
+    signature = _signature(members, records, touched_by, dead) + (tuple(sorted(dead_writes)),) + tuple(
         (match.name, tuple(where[p] for p in match.members)) for match in sorted(matches, key=lambda m: m.members)
     )
 
     def build():
         patterns = tuple(match.spec(members) for match in sorted(matches, key=lambda m: m.members))
-        return _build_spec(members, records, dead, signature, patterns, repeats)
+        written_dead = {records[members[offset]].writes[i] for offset, i in dead_writes}
+        return _build_spec(members, records, dead, signature, patterns, repeats, written_dead)
 
     spec = kernel_cache.get_or_build(signature, build) if kernel_cache is not None else build()
     return GroupSpec(members, spec)

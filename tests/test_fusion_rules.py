@@ -141,6 +141,36 @@ def test_escaping_intermediate_is_still_written_back():
     assert_same(kept, x * 3)
 
 
+def test_an_in_place_write_to_a_buffer_nothing_references_is_not_written_back():
+    """A buffer made in an earlier window, updated in place and let go before the flush
+    (as autograd accumulates a gradient into a buffer and passes it on): its final value
+    is unobservable, so the fused kernel reads it and never writes it back."""
+    x = torch.randn(64)
+    (d,) = device(x)
+    buffer = d * 2
+    torch.neuron.synchronize()
+    adaptive_eager.reset_stats()
+    buffer.add_(1)
+    total = buffer.sum()
+    del buffer
+    assert_same(total, (x * 2 + 1).sum())
+    assert kernels() == (1, ["add_|sum"])
+    assert adaptive_eager.stats()["bytes_moved"] == 64 * 4 + 4  # read once; only the sum written
+
+
+def test_an_in_place_write_to_a_live_buffer_is_written_back():
+    x = torch.randn(64)
+    (d,) = device(x)
+    buffer = d * 2
+    torch.neuron.synchronize()
+    adaptive_eager.reset_stats()
+    buffer.add_(1)
+    total = buffer.sum()
+    assert_same(total, (x * 2 + 1).sum())
+    assert adaptive_eager.stats()["bytes_moved"] == 64 * 4 + 64 * 4 + 4  # read, written back, the sum
+    assert_same(buffer, x * 2 + 1)
+
+
 def test_intermediate_saved_for_backward_is_written_back():
     x = torch.randn(16, requires_grad=True)
     d = x.detach().to("neuron").requires_grad_()
