@@ -137,7 +137,18 @@ class Context:
         return self.escapes(position, 0) or any(reader > root for reader in self.readers.get(storage, ()))
 
     def same(self, a: int, ai: int, b: int, bi: int) -> bool:
-        return self.arg(a, ai) is self.arg(b, bi)
+        return same_ref(self.arg(a, ai), self.arg(b, bi))
+
+
+def same_ref(a, b) -> bool:
+    """Do two recorded arguments read the same tensor? A storage is itself; a view is its
+    place in a storage (each op records its own ``ViewRef``), compared by value."""
+    if a is b:
+        return True
+    return (
+        type(a) is ViewRef and type(b) is ViewRef and a.storage is b.storage and a.offset == b.offset
+        and a.shape == b.shape and a.stride == b.stride
+    )
 
 
 def _numel(shape) -> int:

@@ -108,7 +108,7 @@ def match_silu(ctx: Context, root: int):
         return None
     for gate_arg, other_arg in ((1, 0), (0, 1)):
         gate = ctx.source(root, gate_arg, "aten::sigmoid")
-        if gate is not None and ctx.arg(gate, 0) is ctx.arg(root, other_arg):
+        if gate is not None and ctx.same(gate, 0, root, other_arg):
             if not ctx.private(gate, 1):
                 return "intermediate escapes or is shared"
             return Match("silu", [gate, root], _silu, [(gate, 0)], [(root, 0)])
@@ -133,8 +133,7 @@ def match_gelu_tanh(ctx: Context, root: int):
     power = ctx.source(cubic, 0, "aten::pow") if cubic is not None else None
     if power is None:
         return None
-    x = ctx.arg(half_x, 0)
-    if not (ctx.arg(inner, 0) is x and ctx.arg(power, 0) is x):
+    if not (ctx.same(inner, 0, half_x, 0) and ctx.same(power, 0, half_x, 0)):
         return None
     chain = [half_x, power, cubic, inner, scaled, tanh, one_plus]
     if not all(ctx.private(p, 1) for p in chain):
@@ -167,8 +166,7 @@ def match_gelu_erf(ctx: Context, root: int):
     scaled = ctx.source(erf, 0) if erf is not None else None
     if scaled is None or ctx.name(scaled) not in ("aten::div", "aten::mul"):
         return None
-    x = ctx.arg(half_x, 0)
-    if ctx.arg(scaled, 0) is not x:
+    if not ctx.same(scaled, 0, half_x, 0):
         return None
     if not all(ctx.private(p, 1) for p in (half_x, scaled, erf, one_plus)):
         return "intermediate escapes or is shared"

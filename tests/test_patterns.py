@@ -107,6 +107,34 @@ def test_llama_rms_norm_is_one_kernel(dtype):
     assert patterns()["rms_norm"]["matched"] == 1
 
 
+def test_rms_norm_of_a_view_is_one_kernel():
+    """The query/key norms of Qwen3-style attention normalize a view (the heads split out
+    of a projection): each op of the chain records its own reference to the view, which
+    the matcher compares by value."""
+    torch.manual_seed(0)
+    norm = LlamaRMSNorm(8)
+    norm.weight.data.uniform_(0.5, 1.5)
+    device_norm = LlamaRMSNorm(8).to("neuron")
+    device_norm.load_state_dict(norm.state_dict())
+    x = torch.randn(4, 32)
+    (d,) = on_device(x)
+    with torch.no_grad():
+        assert_same(device_norm(d.view(4, 4, 8)[:, 1:]), norm(x.view(4, 4, 8)[:, 1:]), rtol=1e-5, atol=1e-6)
+    assert patterns()["rms_norm"]["matched"] == 1
+
+
+def test_gelu_and_silu_of_a_view_are_one_kernel_each():
+    x = torch.randn(8, 16)
+    (d,) = on_device(x)
+    half = d[:, :8]
+    gelu = 0.5 * half * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (half + 0.044715 * torch.pow(half, 3.0))))
+    silu = half * torch.sigmoid(half)
+    expected_half = x[:, :8]
+    assert_same(gelu, torch.nn.functional.gelu(expected_half, approximate="tanh"), rtol=1e-5, atol=1e-6)
+    assert_same(silu, torch.nn.functional.silu(expected_half), rtol=1e-6, atol=1e-7)
+    assert {name: counts["matched"] for name, counts in patterns().items()} == {"gelu_tanh": 1, "silu": 1}
+
+
 def test_layer_norm_written_out_is_one_kernel():
     def by_hand(x, w, b):
         mean = x.mean(-1, keepdim=True)
