@@ -349,7 +349,9 @@ def build_optimizer(device: str):
     params = [nn.Parameter(torch.randn(64, 64).to(device)) for _ in range(24)]
     params += [nn.Parameter(torch.randn(64).to(device)) for _ in range(24)]
     for p in params:
-        p.grad = torch.randn_like(p) * 0.01
+        # drawn on the CPU, as the parameters are: a draw on neuron uses the device's own
+        # generator (as on CUDA), and the CPU reference run would see other gradients
+        p.grad = (torch.randn(p.shape) * 0.01).to(device)
     optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
 
     def step():
