@@ -8,11 +8,15 @@ through ``device.sync.set_sink``.
 Installed as ``adaptive_eager_device`` (see setup.cfg): ``import torch`` loads this
 package alone.
 """
-from .backend import register
-from .errors import NeuronRuntimeError, PoisonedTensorError
-from .metrics import COUNTERS
-from .queue import QUEUE
-from .sync import synchronize
+# torch first: `import torch` itself autoloads this package's entry point
+# (backend.register), which must find torch fully imported, not half-way.
+import torch  # noqa: F401
+
+from .backend import register  # noqa: E402
+from .errors import NeuronRuntimeError, PoisonedTensorError  # noqa: E402
+from .metrics import COUNTERS  # noqa: E402
+from .queue import QUEUE  # noqa: E402
+from .sync import synchronize  # noqa: E402
 
 __all__ = ["NeuronRuntimeError", "PoisonedTensorError", "COUNTERS", "QUEUE", "register", "synchronize"]
 

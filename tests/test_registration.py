@@ -2,6 +2,8 @@
 import subprocess
 import sys
 
+import pytest
+
 import torch
 
 
@@ -75,3 +77,11 @@ def test_no_import_changes_the_public_api():
         assert now is value or (callable(now) and callable(value)), name
     assert adaptive_eager.stats()["mode"] in ("strict", "adaptive")
     assert adaptive_eager.stats() == adaptive_eager.statistics.stats()
+
+
+@pytest.mark.parametrize("first", ["import torch", "import adaptive_eager", "import adaptive_eager_device",
+                                   "import adaptive_eager.fusion.planner"])
+def test_any_package_may_be_imported_first(first):
+    code = f"{first}\nimport torch\nprint(torch.ones(1, device='neuron').device)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
+    assert out.stdout.strip() == "neuron:0"
