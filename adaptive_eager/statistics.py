@@ -48,6 +48,45 @@ class FusionCounters:
 FUSION = FusionCounters()
 
 
+class CompiledCounters:
+    """Counters of compiled mode (``adaptive_eager/compiler.py``): Dynamo graphs captured,
+    recompiles and why, and per AOTAutograd graph its calls, ops and launches."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.captures = 0  # Dynamo graphs handed to the neuron backend
+        self.recompiles: list = []  # the failed guard that made each recompile
+        self.graphs: dict = {}  # id -> {"kind", "nodes", "calls", "ops", "launches"}
+        self.caches: dict = {}  # id -> {"plan_cache": CountingLRU, "kernel_cache": KernelCache}
+
+    def captured(self, recompile_reason, nodes: int) -> None:
+        self.captures += 1
+        if recompile_reason is not None:
+            self.recompiles.append(recompile_reason)
+
+    def graph(self, graph_id: int, kind: str, nodes: int, caches: dict) -> dict:
+        entry = self.graphs[graph_id] = {"kind": kind, "nodes": nodes, "calls": 0, "ops": 0, "launches": 0}
+        self.caches[graph_id] = caches
+        return entry
+
+    def as_dict(self) -> dict:
+        graphs = self.graphs.values()
+        return {
+            "graphs_captured": self.captures,
+            "recompiles": {"total": len(self.recompiles), "reasons": list(self.recompiles)},
+            "graph_calls": sum(g["calls"] for g in graphs),
+            "ops": sum(g["ops"] for g in graphs),
+            "launches": sum(g["launches"] for g in graphs),
+            "graphs": {str(k): dict(v, **{name: cache.stats() for name, cache in self.caches[k].items()})
+                       for k, v in self.graphs.items()},
+        }
+
+
+COMPILED = CompiledCounters()
+
+
 def _cache_stats(name: str) -> dict:
     cache = FUSION.caches.get(name)
     if cache is None:
@@ -91,6 +130,7 @@ def stats() -> dict:
         "kernels": {name: {"launches": n, "time_us": round(t, 3), "bytes": b} for name, (n, t, b) in kernels},
         "memory": {"peak_bytes": MEMORY.peak, "allocated_bytes": MEMORY.allocated},
         "device": {"name": PROFILE.name, "launch_overhead_us": PROFILE.launch_overhead_us},
+        "compiled": COMPILED.as_dict(),
     }
 
 
@@ -104,6 +144,13 @@ def reset_stats() -> None:
     caches = FUSION.caches
     FUSION.reset()
     FUSION.caches = caches
+    for entry in COMPILED.graphs.values():  # graphs stay compiled; their counters restart
+        entry.update(calls=0, ops=0, launches=0)
+    for graph_caches in COMPILED.caches.values():
+        for cache in graph_caches.values():
+            cache.reset_counters()
+    COMPILED.captures = 0
+    COMPILED.recompiles.clear()
     for cache in caches.values():
         cache.reset_counters()
     MEMORY.peak = MEMORY.allocated

@@ -51,9 +51,11 @@ class WindowPolicy:
 
 
 class AdaptiveSink:
-    name = "adaptive"
+    """The op window. ``name`` is "adaptive" for adaptive eager's one window; a compiled
+    graph's window (``compiler.GraphRunner``) is "compiled", with caches of its own."""
 
-    def __init__(self, policy: WindowPolicy | None = None) -> None:
+    def __init__(self, policy: WindowPolicy | None = None, name: str = "adaptive", shared_caches: bool = True) -> None:
+        self.name = name
         self.policy = policy or WindowPolicy()
         self.records: list = []
         self.plan_cache = CountingLRU(maxsize=1024)  # plans by window structure
@@ -61,8 +63,9 @@ class AdaptiveSink:
         self.unfusable: set = set()
         # id(op) -> is it a barrier: an int key hashes in C, an OpOverload in Python
         self.barrier_by_op: dict = {}
-        FUSION.caches["plan_cache"] = self.plan_cache
-        FUSION.caches["kernel_cache"] = self.kernel_cache
+        if shared_caches:
+            FUSION.caches["plan_cache"] = self.plan_cache
+            FUSION.caches["kernel_cache"] = self.kernel_cache
 
     # -- recording ---------------------------------------------------------------------
     def record(self, record) -> None:

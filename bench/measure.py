@@ -3,7 +3,9 @@
     python -m bench.measure <workload> <mode> [--steps N] [--warmup W]
 
 Modes: ``cpu`` (CPU eager, the reference), ``strict`` and ``adaptive`` (``neuron``),
-``compile`` (``torch.compile``, Inductor on the CPU). ``python -m bench`` runs one of these
+``neuron-compiled`` (``torch.compile`` of the step on ``neuron``: the ``neuron`` backend,
+whole graphs through the fusion engine), ``compile`` (``torch.compile``, Inductor on the
+CPU). ``python -m bench`` runs one of these
 per workload and mode, each in a fresh process, so caches, random state and peak memory
 never leak from one measurement into another.
 
@@ -95,13 +97,19 @@ def measure(workload_name: str, mode: str, steps: int, warmup: int) -> dict:
         for _ in range(warmup + steps):
             reference = cpu_step()
     result: dict = {"workload": workload_name, "mode": mode}
-    device = "neuron" if mode in ("strict", "adaptive") else "cpu"
+    device = "neuron" if mode in ("strict", "adaptive", "neuron-compiled") else "cpu"
     if device == "neuron":
         import adaptive_eager
 
         adaptive_eager.enable() if mode == "adaptive" else adaptive_eager.disable()
     compile_seconds = None
-    if mode == "compile":
+    if mode == "neuron-compiled":  # eager ops between graphs (graph breaks) run strict
+        step = torch.compile(workload.build("neuron"))
+        started = time.perf_counter()
+        step()
+        compile_seconds = time.perf_counter() - started
+        warmup -= 1
+    elif mode == "compile":
         import torch._inductor.config as inductor_config
 
         inductor_config.cpp.enable_kernel_profile = True
@@ -139,6 +147,7 @@ def measure(workload_name: str, mode: str, steps: int, warmup: int) -> dict:
             bytes_per_step=stats["bytes_moved"] / steps,
             fused_kernels_per_step=stats["fused_kernels"] / steps,
             fallback_ops=stats["fallback_ops"],
+            compiled_graph_calls_per_step=stats["compiled"]["graph_calls"] / steps,
             peak_memory_bytes=torch.neuron.max_memory_allocated(),
             peak_memory_kind="simulated device memory",
         )
@@ -167,7 +176,7 @@ def measure(workload_name: str, mode: str, steps: int, warmup: int) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="measure one workload in one mode (see bench/measure.py)")
     parser.add_argument("workload", choices=sorted(WORKLOADS))
-    parser.add_argument("mode", choices=["cpu", "strict", "adaptive", "compile"])
+    parser.add_argument("mode", choices=["cpu", "strict", "adaptive", "neuron-compiled", "compile"])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args(argv)

@@ -16,7 +16,9 @@ Entry point: :func:`register` (idempotent). It runs on ``import torch`` through 
    ``full`` as ``empty`` plus ``fill_``), so that each op reaches it whole, as written;
 4. registers mixed precision for ``torch.autocast('neuron')`` (``device/autocast.py``);
 5. routes ``torch.accelerator.synchronize`` to ``torch.neuron.synchronize`` (PyTorch's
-   Python device guard cannot synchronize).
+   Python device guard cannot synchronize);
+6. makes ``torch.compile(model)`` of neuron graphs use the ``neuron`` backend
+   (``device/dynamo.py``).
 """
 from __future__ import annotations
 
@@ -241,6 +243,9 @@ def register() -> None:
     _register_kernels()
     register_autocast()
     _patch_accelerator()
+    from . import dynamo
+
+    dynamo.install()
     from .queue import QUEUE
 
     atexit.register(QUEUE.drain)

@@ -11,6 +11,7 @@
 | host read, data-dependent | ``host_ops.run_on_host``: after a sync point |
 | collective | ``collectives.run_collective``: gloo on the host bytes |
 | decompose | :func:`decompose` (a composite seen when autograd is off) |
+| like | :func:`run_like`: ``empty_like`` (metadata only) plus a fill kernel |
 | no-op | nothing (``record_stream``) |
 """
 from __future__ import annotations
@@ -20,7 +21,8 @@ import torch
 from . import recorder
 from .collectives import run_collective
 from .host_ops import run_on_host
-from .op_table import COLLECTIVE, COPY, DATA_DEPENDENT, DECOMPOSE, HOST_READ, KERNEL, METADATA, NO_OP, VIEW, op_entry
+from .op_table import (COLLECTIVE, COPY, DATA_DEPENDENT, DECOMPOSE, HOST_READ, KERNEL, LIKE, LIKE_FILLS, METADATA,
+                       NO_OP, VIEW, op_entry)
 from .tensor import describe
 from .views import run_metadata, run_view
 
@@ -91,6 +93,14 @@ def decompose(entry, args, kwargs):
     return entry.op.decompose(*args, **kwargs)
 
 
+def run_like(entry, args, kwargs):
+    """``zeros_like(x)``, ``ones_like(x)``, ``full_like(x, v)``: ``empty_like`` with the same
+    keyword arguments (x's metadata only), then one fill kernel."""
+    fill, taken = LIKE_FILLS[entry.op]
+    out = dispatch(aten.empty_like.default, (args[0],), kwargs)
+    fill_args = (1,) if taken is None else tuple(args[1:1 + taken])
+    return dispatch(fill, (out, *fill_args), {})
+
 
 _HANDLERS = {
     VIEW: lambda entry, args, kwargs: run_view(entry, args, kwargs),
@@ -100,5 +110,6 @@ _HANDLERS = {
     DATA_DEPENDENT: lambda entry, args, kwargs: run_on_host(entry, args, kwargs, "data_dependent"),
     COLLECTIVE: lambda entry, args, kwargs: run_collective(entry, args, kwargs),
     DECOMPOSE: decompose,
+    LIKE: run_like,
     NO_OP: lambda entry, args, kwargs: None,
 }

@@ -38,7 +38,7 @@ def add_internal_dir(path: str) -> None:
         _INTERNAL_CODE.clear()
 
 
-def _is_internal(filename: str) -> bool:
+def is_internal(filename: str) -> bool:
     if filename in _INTERNAL_FILES or filename.startswith("<frozen"):
         return True
     return filename.startswith(tuple(_INTERNAL_DIRS))
@@ -71,7 +71,7 @@ def capture_location(depth: int = 2):
         code = frame.f_code
         internal = cache.get(code)
         if internal is None:
-            internal = cache[code] = _is_internal(code.co_filename)
+            internal = cache[code] = is_internal(code.co_filename)
         if not internal:
             if CONFIG.full_stack:
                 return (code, frame.f_lineno, traceback.extract_stack(frame))
@@ -83,6 +83,16 @@ def capture_location(depth: int = 2):
     return ("<unknown>", 0)
 
 
+# generated code (a compiled graph's FX code) -> lineno -> the user's SourceLocation or None
+_GENERATED: dict = {}
+
+
+def register_generated_code(filename: str, locate) -> None:
+    """Ops issued from ``filename`` (a compiled graph's generated code) are located by
+    ``locate(lineno)``: the user's line the graph node came from."""
+    _GENERATED[filename] = locate
+
+
 def describe(raw) -> SourceLocation:
     """The :class:`SourceLocation` of a raw location from :func:`capture_location`."""
     if isinstance(raw, SourceLocation) or raw is None:
@@ -91,4 +101,10 @@ def describe(raw) -> SourceLocation:
     stack = raw[2] if len(raw) > 2 else None
     if isinstance(code, str):
         return SourceLocation(code, 0, "", stack)
+    locate = _GENERATED.get(code.co_filename)
+    if locate is not None:
+        located = locate(lineno)
+        if located is not None:
+            located.stack = stack
+            return located
     return SourceLocation(code.co_filename, lineno, code.co_name, stack)

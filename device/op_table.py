@@ -17,6 +17,10 @@ Kinds (plain strings, compared by identity on the hot path):
   then gloo runs it on the CPU bytes (``device/collectives.py``).
 - ``NO_OP``: nothing to do on this device (``record_stream``: memory is already freed
   in stream order, since a storage lives until the last kernel using it has run);
+- ``LIKE``: ``zeros_like``, ``ones_like``, ``full_like``: an allocation shaped like the
+  input plus one fill kernel, as ATen writes them. The input's metadata is read, never
+  its data (so no dependency on the kernel that writes it, and a FakeTensor input works:
+  FakeTensor runs an op with no meta kernel on zeros made this way).
 - ``DECOMPOSE``: a composite of other ops (a ``CompositeImplicitAutograd`` kernel:
   ``contiguous``, ``reshape``, ``linear``). Autograd decomposes them before they reach the
   device, except when it is off (inference mode) or when a composite kernel running on
@@ -39,6 +43,7 @@ DATA_DEPENDENT = "data_dependent"
 NO_OP = "no_op"
 COLLECTIVE = "collective"
 DECOMPOSE = "decompose"
+LIKE = "like"
 
 aten = torch.ops.aten
 
@@ -50,6 +55,9 @@ _UNANNOTATED_VIEWS = {aten._unsafe_view.default, aten.unsafe_split.Tensor, aten.
 # Ops that only allocate: no kernel runs (as on CUDA, torch.empty launches nothing).
 _ALLOCATIONS = {aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
                 aten.new_empty_strided.default, aten.empty_like.default}
+# fill op of each ``LIKE`` op, and how many of its arguments after the input the fill takes
+LIKE_FILLS = {aten.zeros_like.default: (aten.zero_.default, 0), aten.ones_like.default: (aten.fill_.Scalar, None),
+              aten.full_like.default: (aten.fill_.Scalar, 1)}
 _COPY_OPS = {aten.copy_.default, aten._to_copy.default, aten._copy_from.default, aten._copy_from_and_resize.default}
 # Host reads the schema does not tag as data-dependent.
 _HOST_READS = {aten.is_nonzero.default, aten._local_scalar_dense.default}
@@ -121,6 +129,8 @@ class OpEntry:
             self.kind = DECOMPOSE
         elif op in _COPY_OPS:
             self.kind = COPY
+        elif op in LIKE_FILLS:
+            self.kind = LIKE
         elif op.is_view or op in _UNANNOTATED_VIEWS:
             self.kind = VIEW
         elif torch.Tag.inplace_view in tags:

@@ -218,7 +218,7 @@ def _bad_files(tmp_path, runs):
     cases = {
         "missing": (tmp_path / "nope.json", "no such file"),
         "directory": (tmp_path, "is a directory, not a file"),
-        "truncated": ("truncated.json", "not a JSON statistics dump (Expecting"),
+        "truncated": ("truncated.json", "not a JSON statistics dump ("),
         "binary": ("binary.json", "not UTF-8 text"),
         "list": ("list.json", "top level is not an object"),
         "trace": (runs["strict_trace"], "a NEURON_TRACE timeline, not a NEURON_FUSION_STATS dump"),

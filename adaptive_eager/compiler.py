@@ -1,0 +1,147 @@
+"""Compiled mode: torch.compile's ``neuron`` backend runs whole captured graphs through
+the fusion engine.
+
+Entry point: :func:`neuron_backend`, registered through the ``torch_dynamo_backends``
+entry point (setup.cfg) as ``backend="neuron"``; ``torch.compile(model)`` with no
+backend named uses it for graphs on neuron tensors (``device/dynamo.py``).
+
+The path of one compiled step:
+
+1. TorchDynamo captures a graph (a new shape or a failed guard recompiles; the reason is
+   counted, ``COMPILED.recompiles``).
+2. AOTAutograd traces it into a forward and a backward aten graph. No decomposition
+   table beyond AOTAutograd's own: the graphs hold the op vocabulary eager mode sees, so
+   the same legality rules and pattern library apply to both, and adaptive eager is
+   measured against compiled mode on equal terms.
+3. Each aten graph gets a :class:`GraphRunner`: a graph-sized op window (the adaptive
+   window with no size limit and no flush policy). A call records every op of the graph,
+   then flushes once ("graph"): the planner plans the whole graph (cycle check, patterns,
+   dead intermediates, the on-chip rule) and each fused group is one launch on the
+   execution queue. The plan is cached per graph and input structure, and hot fused
+   kernels are built (``fusion/compiled.py``) as in adaptive eager. A sync point inside a
+   graph (a CPU fallback, a data-dependent shape) flushes early, as in eager.
+
+Everything downstream is the eager machinery: the cost model, the trace, deferred errors
+(located at the user's line through the FX node's ``stack_trace``, ``describe_graph``),
+poisoning, ``NEURON_LAUNCH_BLOCKING``. Shapes: a graph compiled for symbolic shapes (an
+explicit ``dynamic=True``, or Dynamo's automatic dynamic shapes after a size change) is
+planned per concrete shape, so every kernel the device runs has static shapes.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+import sys
+
+import torch
+from torch._dynamo.backends.common import aot_autograd
+from torch.fx._lazy_graph_module import _LazyGraphModule
+
+from adaptive_eager_device import sync as _sync
+from adaptive_eager_device.location import SourceLocation, is_internal, register_generated_code
+from adaptive_eager_device.metrics import COUNTERS
+from .statistics import COMPILED
+from .window import AdaptiveSink, WindowPolicy
+
+_GRAPH_IDS = itertools.count()
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
+
+
+class _WholeGraph(WindowPolicy):
+    """The window policy of a compiled graph: no size limit, no early flush."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.max_ops = self.min_ops = sys.maxsize
+
+
+class GraphRunner:
+    """One AOTAutograd graph (forward or backward) on the device: its own graph-sized
+    window, plan cache and kernel cache. Called boxed (a list of inputs, which it frees)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, kind: str) -> None:
+        self._boxed_call = True  # an instance attribute: the wrappers AOTAutograd adds copy it
+        self.gm = gm
+        self.kind = kind
+        self.sink = AdaptiveSink(_WholeGraph(), name="compiled", shared_caches=False)
+        self.entry = COMPILED.graph(next(_GRAPH_IDS), kind, sum(1 for n in gm.graph.nodes if n.op == "call_function"),
+                                    {"plan_cache": self.sink.plan_cache, "kernel_cache": self.sink.kernel_cache})
+        _LazyGraphModule.force_recompile(gm)  # its code now, so that its file name is known
+        register_generated_code(gm.forward.__code__.co_filename, _node_locator(gm))
+
+    def __call__(self, args: list):
+        previous = _sync.current_sink()
+        _sync.set_sink(self.sink)  # flushes the eager window first
+        launched = COUNTERS.kernels_launched
+        recorded = COUNTERS.ops_recorded
+        try:
+            outputs = self.gm(*args)
+            args.clear()
+        finally:
+            self.sink.flush("graph")
+            _sync.set_sink(previous)
+            entry = self.entry
+            entry["calls"] += 1
+            entry["ops"] += COUNTERS.ops_recorded - recorded
+            entry["launches"] += COUNTERS.kernels_launched - launched
+        return outputs
+
+
+def _node_locator(gm: torch.fx.GraphModule):
+    """lineno of gm's generated code -> the user's line of the node it runs (from the
+    node's ``stack_trace``), or None."""
+    nodes = list(gm.graph.nodes)
+    line_map = getattr(gm, "_lineno_map", None) or {}
+    start = getattr(gm, "_prologue_start", 0)  # the map counts lines from forward's def
+
+    def locate(lineno: int):
+        index = line_map.get(lineno - start)
+        if index is None or index >= len(nodes):
+            return None
+        return user_frame(nodes[index].meta.get("stack_trace"))
+
+    return locate
+
+
+def user_frame(stack_trace: str | None):
+    """The innermost frame of an FX ``stack_trace`` that is the user's code."""
+    if not stack_trace:
+        return None
+    frames = [m for m in _FRAME.finditer(stack_trace) if not is_internal(m["file"])]
+    if not frames:
+        return None
+    last = frames[-1]
+    return SourceLocation(last["file"], int(last["line"]), last["function"])
+
+
+def _compiler(kind: str):
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs):
+        return GraphRunner(gm, kind)
+
+    return compile_graph
+
+
+_AOT = aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
+                    inference_compiler=_compiler("inference"), keep_inference_input_mutations=True)
+
+
+def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **options):
+    """torch.compile's ``neuron`` backend (``backend="neuron"``): a Dynamo graph ->
+    AOTAutograd forward and backward graphs, each run by a :class:`GraphRunner`.
+    ``mode``/``options`` are Inductor's and are refused."""
+    if options:
+        raise RuntimeError(f"torch.compile(backend='neuron') takes no mode or options (got {sorted(options)}); "
+                           "they configure Inductor, which has no code generator for the neuron device")
+    COMPILED.captured(_recompile_reason(), sum(1 for n in gm.graph.nodes if n.op == "call_function"))
+    return _AOT(gm, example_inputs)
+
+
+def _recompile_reason():
+    """Why Dynamo is compiling this frame again (its first failed guard), or None for a
+    first compile."""
+    try:
+        from torch._dynamo.utils import get_metrics_context
+
+        return get_metrics_context()._metrics.get("recompile_reason")
+    except Exception:  # a private structure of Dynamo's: the count still holds
+        return None

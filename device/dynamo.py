@@ -1,0 +1,85 @@
+"""``torch.compile(model)`` on neuron tensors picks the ``neuron`` backend, as on TorchNeuron.
+
+Entry point: :func:`install` (at registration; cheap: nothing of Dynamo is imported).
+
+torch.compile's default backend is Inductor, which has no code generator for this
+device. So Inductor's entry (``torch._TorchCompileInductorWrapper``) hands a graph whose
+inputs are on neuron to the ``neuron`` backend (the runtime's ``adaptive_eager.compiler``,
+found through the ``torch_dynamo_backends`` entry point), and CPU graphs to Inductor as
+before. A program that names ``backend="inductor"`` explicitly, or gives Inductor's
+``mode`` or ``options``, gets the ``neuron`` backend too, with a one-line warning (once)
+that Inductor's choice and options do not apply: libraries ask for Inductor by default
+(transformers' static-cache ``generate`` compiles with ``backend="inductor",
+mode="reduce-overhead"``), and a user must not have to change them. ``torch.compile`` is
+wrapped only to tell an explicit choice from the default.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+import warnings
+
+import torch
+
+_EXPLICIT = threading.local()  # set while torch.compile runs with an explicit Inductor choice
+
+
+_WARNED = []
+
+
+def _neuron_inputs(inputs) -> bool:
+    return any(isinstance(x, torch.Tensor) and x.device.type == "neuron" for x in inputs)
+
+
+def _skip_our_code() -> None:
+    """Dynamo must not trace into this package or the runtime (the device guard's
+    methods, say, that torch.accelerator calls back into): they are the device, as a C++
+    backend's code would be."""
+    if _WARNED_SKIP:
+        return
+    _WARNED_SKIP.append(True)
+    from torch._dynamo import trace_rules
+
+    for package in ("adaptive_eager_device", "adaptive_eager"):
+        trace_rules.add(package)
+
+
+_WARNED_SKIP: list = []
+
+
+def install() -> None:
+    wrapper = torch._TorchCompileInductorWrapper
+    if getattr(wrapper, "_neuron_routing", False):
+        return
+    original_init, original_call, original_compile = wrapper.__init__, wrapper.__call__, torch.compile
+
+    @functools.wraps(original_init)
+    def __init__(self, mode, options, *args, **kwargs):
+        original_init(self, mode, options, *args, **kwargs)
+        self._neuron_explicit = getattr(_EXPLICIT, "value", False) or (mode not in (None, "default")) or bool(options)
+
+    @functools.wraps(original_call)
+    def __call__(self, model_, inputs_, **kwargs):
+        if not _neuron_inputs(inputs_):
+            return original_call(self, model_, inputs_, **kwargs)
+        if self._neuron_explicit and not _WARNED:
+            _WARNED.append(True)
+            warnings.warn("Inductor has no code generator for the neuron device: this graph compiles with "
+                          "backend='neuron' instead, and Inductor's mode and options do not apply", stacklevel=2)
+        from torch._dynamo.backends.registry import lookup_backend
+
+        return lookup_backend("neuron")(model_, inputs_)
+
+    @functools.wraps(original_compile)
+    def compile(*args, **kwargs):
+        _skip_our_code()
+        previous = getattr(_EXPLICIT, "value", False)
+        _EXPLICIT.value = kwargs.get("backend") == "inductor"
+        try:
+            return original_compile(*args, **kwargs)
+        finally:
+            _EXPLICIT.value = previous
+
+    wrapper.__init__, wrapper.__call__ = __init__, __call__
+    wrapper._neuron_routing = True
+    torch.compile = compile
