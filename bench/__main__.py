@@ -1,12 +1,13 @@
-"""Adaptive eager against strict eager, CPU eager and torch.compile, side by side.
+"""Adaptive eager against strict eager, compiled mode, CPU eager and Inductor, side by side.
 
-    python -m bench [--quick] [--workloads gpt,decode] [--modes cpu,strict,adaptive,compile] [--json]
+    python -m bench [--quick] [--workloads gpt,decode] [--modes cpu,strict,adaptive,neuron-compiled,compile] [--json]
 
 Every (workload, mode) pair is measured in a fresh process by ``bench/measure.py`` (how
 each figure is taken is documented there). Ratios are taken within this one run. Results
 go to ``bench/results/<workload>.json``; ``--quick`` runs fewer steps and skips
-``torch.compile`` (whose compile time alone is minutes on two cores) to stay under three
-minutes.
+both ``torch.compile`` modes (Inductor's compile time alone is minutes on two cores) to
+stay under three minutes. ``neuron-compiled`` is the anchor adaptive eager is judged
+against: the summary gives adaptive / compiled launches and device time per workload.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ sys.path.insert(0, ROOT)
 
 from bench.workloads import WORKLOADS  # noqa: E402
 
-MODES = ["cpu", "strict", "adaptive", "compile"]
+MODES = ["cpu", "strict", "adaptive", "neuron-compiled", "compile"]
 RESULTS = os.path.join(ROOT, "bench", "results")
 
 
@@ -67,10 +68,12 @@ def summarize(results: dict) -> list[str]:
                 f"{_fmt(r['host_us_per_op'], 2):>12}{_fmt(r['wall_ms_per_step'], 2):>10}{_fmt(ratio, 2):>8}"
                 f"{r['max_abs_diff']:>12.2e}{r['peak_memory_bytes'] / (1 << 20):>10.1f}"
             )
-    compiled = {w: m["compile"].get("compile_seconds") for w, m in results.items() if "compile" in m}
-    if compiled:
-        lines.append("")
-        lines.append("torch.compile compile time (excluded above): " + ", ".join(f"{w} {s:.1f} s" for w, s in compiled.items() if s))
+    for mode, label in (("neuron-compiled", "neuron backend"), ("compile", "Inductor")):
+        compiled = {w: m[mode].get("compile_seconds") for w, m in results.items() if mode in m}
+        if any(compiled.values()):
+            lines.append("")
+            lines.append(f"torch.compile ({label}) compile time (excluded above): "
+                         + ", ".join(f"{w} {s:.1f} s" for w, s in compiled.items() if s))
     lines.append("")
     lines.append("adaptive vs strict (same run):")
     for workload, by_mode in results.items():
@@ -88,6 +91,18 @@ def summarize(results: dict) -> list[str]:
         if inductor and "error" not in inductor:
             text += f"; Inductor launches {inductor['launches_per_step']:.0f} vs adaptive {adaptive['launches_per_step']:.0f}"
         lines.append(text)
+    anchored = [(w, m["adaptive"], m["neuron-compiled"]) for w, m in results.items()
+                if "error" not in m.get("adaptive", {"error": 1}) and "error" not in m.get("neuron-compiled", {"error": 1})]
+    if anchored:
+        lines.append("")
+        lines.append("adaptive / compiled (the anchor; same run, same cost model):")
+        for workload, adaptive, compiled in anchored:
+            lines.append(
+                f"  {workload:<10} launches {adaptive['launches_per_step'] / compiled['launches_per_step']:.2f}x, "
+                f"device time {adaptive['device_time_us_per_step'] / compiled['device_time_us_per_step']:.2f}x, "
+                f"bytes {adaptive['bytes_per_step'] / compiled['bytes_per_step']:.2f}x, "
+                f"wall {adaptive['wall_ms_per_step'] / compiled['wall_ms_per_step']:.2f}x"
+            )
     return lines
 
 
@@ -116,7 +131,7 @@ def main(argv=None) -> int:
         for mode in modes:
             done += 1
             print(f"[{done}/{total}] {workload} / {mode} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
-            timeout = 1800 if mode == "compile" else 600
+            timeout = 1800 if "compile" in mode else 600
             results[workload][mode] = run_one(workload, mode, steps, 2, timeout)
         with open(os.path.join(RESULTS, f"{workload}.json"), "w") as handle:
             json.dump({"workload": workload, "description": spec.description, "results": results[workload]}, handle, indent=2)

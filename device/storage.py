@@ -23,6 +23,10 @@ import torch
 from .config import CONFIG
 
 _MATERIALIZE_LOCK = threading.Lock()
+# The books change on two threads: the host allocates, and whichever thread drops a
+# storage's last reference frees (often the device worker, after the last kernel reading
+# it). `allocated += n` is a read and a write, so both sides update under this lock.
+_BOOKS_LOCK = threading.Lock()
 _ROUND = 512  # allocation granularity in bytes, as in CUDA's caching allocator
 
 
@@ -109,18 +113,21 @@ class DeviceStorage:
     def __init__(self, shape, stride, dtype, nbytes: int, data=None) -> None:
         rounded = -(-nbytes // _ROUND) * _ROUND
         books = MEMORY
-        allocated = books.allocated + rounded
+        self.nbytes = None  # nothing booked yet: __del__ has nothing to free
+        with _BOOKS_LOCK:
+            allocated = books.allocated + rounded
+            if allocated <= CONFIG.hbm_bytes:
+                books.allocated = allocated
+                books.allocations += 1
+                books.live_blocks += 1
+                if allocated > books.peak:
+                    books.peak = allocated
+                    if allocated > books.reserved:
+                        books.reserved = allocated
+            else:
+                books.ooms += 1
         if allocated > CONFIG.hbm_bytes:
-            books.ooms += 1
-            self.nbytes = None  # never allocated: __del__ has nothing to free
             raise _out_of_memory(rounded)
-        books.allocated = allocated
-        books.allocations += 1
-        books.live_blocks += 1
-        if allocated > books.peak:
-            books.peak = allocated
-            if allocated > books.reserved:
-                books.reserved = allocated
         self.nbytes = rounded
         self.shape = shape
         self.stride = stride
@@ -147,12 +154,14 @@ class DeviceStorage:
         return storage
 
     def __del__(self) -> None:
-        if self.nbytes is None:
+        nbytes = self.nbytes
+        if nbytes is None:
             return
         books = MEMORY
-        books.allocated -= self.nbytes
-        books.frees += 1
-        books.live_blocks -= 1
+        with _BOOKS_LOCK:
+            books.allocated -= nbytes
+            books.frees += 1
+            books.live_blocks -= 1
 
     def materialize(self) -> torch.Tensor:
         """The CPU backing tensor, allocating it now if nothing has written it yet."""
@@ -199,9 +208,17 @@ class DeviceStorage:
         over the storage read them through their own dtype (``ReinterpretRef``)."""
         rounded = -(-nbytes // _ROUND) * _ROUND
         books = MEMORY
-        grown = books.allocated - (self.nbytes or 0) + rounded
+        with _BOOKS_LOCK:
+            grown = books.allocated - (self.nbytes or 0) + rounded
+            if grown > CONFIG.hbm_bytes:
+                books.ooms += 1
+            else:
+                books.allocated = grown
+                if grown > books.peak:
+                    books.peak = grown
+                    books.reserved = max(books.reserved, grown)
+                self.nbytes = rounded
         if grown > CONFIG.hbm_bytes:
-            books.ooms += 1
             raise _out_of_memory(rounded)
         old = self.data
         data = torch.empty(nbytes, dtype=torch.uint8)
@@ -209,11 +226,6 @@ class DeviceStorage:
             kept = min(nbytes, old.untyped_storage().nbytes())
             if kept:
                 data[:kept].copy_(torch.empty(0, dtype=torch.uint8).set_(old.untyped_storage())[:kept])
-        books.allocated = grown
-        if grown > books.peak:
-            books.peak = grown
-            books.reserved = max(books.reserved, grown)
-        self.nbytes = rounded
         self.shape, self.stride, self.dtype = (nbytes,), (1,), torch.uint8
         self.data = data
 
