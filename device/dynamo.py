@@ -27,8 +27,16 @@ _EXPLICIT = threading.local()  # set while torch.compile runs with an explicit I
 _WARNED = []
 
 
-def _neuron_inputs(inputs) -> bool:
-    return any(isinstance(x, torch.Tensor) and x.device.type == "neuron" for x in inputs)
+def _on_neuron(gm, inputs) -> bool:
+    """Does the graph touch neuron tensors: as inputs, or as tensors it holds (an
+    optimizer's state can be a graph attribute) or computes?"""
+    if any(isinstance(x, torch.Tensor) and x.device.type == "neuron" for x in inputs):
+        return True
+    for node in getattr(getattr(gm, "graph", None), "nodes", ()):
+        value = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(value, torch.Tensor) and value.device.type == "neuron":
+            return True
+    return False
 
 
 def _skip_our_code() -> None:
@@ -60,7 +68,7 @@ def install() -> None:
 
     @functools.wraps(original_call)
     def __call__(self, model_, inputs_, **kwargs):
-        if not _neuron_inputs(inputs_):
+        if not _on_neuron(model_, inputs_):
             return original_call(self, model_, inputs_, **kwargs)
         if self._neuron_explicit and not _WARNED:
             _WARNED.append(True)

@@ -246,3 +246,20 @@ def test_hugging_face_static_cache_generate_equals_cpu():
     assert torch.equal(got.cpu(), expected)
     stats = compiled_stats()
     assert stats["graphs_captured"] >= 1 and stats["graph_calls"] >= 5  # decoding ran compiled
+
+
+def test_a_compiled_optimizer_step_whose_state_the_graph_holds_equals_cpu():
+    torch.manual_seed(0)
+    cpu_params = [nn.Parameter(torch.randn(8, 8)) for _ in range(3)]
+    params = [nn.Parameter(p.detach().to("neuron")) for p in cpu_params]
+    for p, q in zip(params, cpu_params):
+        q.grad = torch.randn(8, 8)
+        p.grad = q.grad.to("neuron")
+    optimizers = [torch.optim.AdamW(ps, lr=1e-2) for ps in (params, cpu_params)]
+    step = torch.compile(optimizers[0].step)
+    for _ in range(3):
+        step()
+        optimizers[1].step()
+    for p, q in zip(params, cpu_params):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+    assert compiled_stats()["graph_calls"] >= 3
