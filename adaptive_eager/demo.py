@@ -7,7 +7,7 @@ The model is written the way people write it in eager PyTorch (hand-written atte
 LayerNorm, GELU MLP, cross-entropy, AdamW, grad clipping); the only device-specific line
 is .to('neuron'). The data is a synthetic corpus with structure to learn (a repeated
 grammar of tokens), so the loss visibly falls. Both modes run the same model, data and
-seed in this process (adaptive_eager.mode() switches between them, reset_stats() zeroes
+seed in this process (adaptive_eager.enable()/disable() switch between them, reset_stats() zeroes
 the counters in between), so their statistics compare like for like and their losses
 must be identical: the demo checks it, and against the same training on the CPU.
 """
@@ -117,14 +117,21 @@ MODES = {
 }
 
 
-def run(mode: str, steps: int, log=print) -> dict:
-    """Train in one mode from zeroed statistics; the statistics, losses and wall time."""
-    with adaptive_eager.mode(mode == "adaptive"):
+def run(mode: str, steps: int, log=print, restore: bool = True) -> dict:
+    """Train in one mode from zeroed statistics; the statistics, losses and wall time.
+    ``restore=False`` stays in that mode afterwards (so a NEURON_FUSION_STATS dump at
+    exit names it)."""
+    previous = adaptive_eager.is_enabled()
+    adaptive_eager.enable() if mode == "adaptive" else adaptive_eager.disable()
+    try:
         adaptive_eager.reset_stats()
         started = time.perf_counter()
         losses = train(steps, log=log)
         stats = adaptive_eager.stats()
         elapsed = time.perf_counter() - started
+    finally:
+        if restore:
+            adaptive_eager.enable() if previous else adaptive_eager.disable()
     return {"stats": stats, "losses": losses, "seconds": elapsed}
 
 
@@ -194,7 +201,7 @@ def main(argv=None) -> int:
     if args.mode != "both":
         print(f"training TinyGPT on neuron in {args.mode} eager for {args.steps} steps:", flush=True)
         print("\n".join(textwrap.wrap(MODES[args.mode], 92, initial_indent="  ", subsequent_indent="  ")), flush=True)
-        result = run(args.mode, args.steps)
+        result = run(args.mode, args.steps, restore=False)
         print(f"done in {result['seconds']:.1f} s\n")
         print(format_stats(result["stats"]))
         return 0

@@ -31,9 +31,10 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
          "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars")
 
 
-def _run(command, cwd, env=None):
+def _run(command, cwd, env=None, quiet=False):
     print("$", " ".join(command), flush=True)
-    subprocess.run(command, cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(command, cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL if quiet else None)
 
 
 def main(argv=None) -> int:
@@ -56,7 +57,7 @@ def main(argv=None) -> int:
         adaptive = json.load(open(os.path.join(scratch, "adaptive.json")))
         strict = json.load(open(os.path.join(scratch, "strict.json")))
         _run([browser, *FLAGS, f"--user-data-dir={os.path.join(scratch, 'profile')}", f"--screenshot={PNG}",
-              f"--window-size=1280,{args.height}", "file://" + os.path.join(scratch, "report.html")], scratch)
+              f"--window-size=1280,{args.height}", "file://" + os.path.join(scratch, "report.html")], scratch, quiet=True)  # its D-Bus noise
     taken = provenance()
     record = {"docs/report.png": {
         "command": f"python -m bench.figures --steps {args.steps}",

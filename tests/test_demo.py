@@ -62,6 +62,7 @@ def test_one_mode_prints_its_statistics(capsys):
     out = capsys.readouterr().out
     assert "in adaptive eager for 2 steps" in out and "neuron fusion statistics (mode: adaptive)" in out
     assert re.search(r"fused kernels\s+[1-9]", out)
+    assert adaptive_eager.is_enabled()  # still adaptive: a NEURON_FUSION_STATS dump at exit names the mode
 
 
 def test_help_has_no_raw_markup(capsys):
