@@ -21,7 +21,8 @@ import math
 import os
 import sys
 
-from .report_text import FLUSH_WHY, REFUSAL_WHY, StatsFileError, explain, hit_rate, kernel_rows, load, read_json, short_name
+from .report_text import (FLUSH_WHY, KERNEL_CACHE_NOTE, REFUSAL_WHY, StatsFileError, device_time_note, explain, hit_rate,
+                          kernel_rows, load, read_json, short_name)
 
 TOP_FUSED = 25  # bars in the fused-kernel chart; the rest share one "others" bar
 TOP_SINGLE = 12
@@ -320,19 +321,25 @@ def _kernel_sections(d: dict, name: str) -> str:
     fused = kernel_rows(d, fused=True)
     out = [f'<section><h2>Simulated device time by fused kernel</h2><p class="note">{esc(name)}: '
            f'{len(fused)} distinct fused kernels, {_pct(sum(r["time_us"] for r in fused) / total)} of device time. '
-           f'One bar per kernel, longest first; hover for the whole chain. Names: <code>a|b|c</code> one fused chain, '
+           f'One bar per kernel, longest first, labelled with its first ops (the whole chains are listed below the chart; '
+           f'hover for one). Names: <code>a|b|c</code> one fused chain, '
            f'<code>chain x4</code> four copies of it in one launch, <code>silu(chain)</code> a library pattern\'s kernel.</p>']
     if d["patterns"]:
         out.append('<p class="note">Library patterns matched: ' + ", ".join(
             f'<b>{esc(n)}</b> {v.get("matched", 0):,}× ({v.get("ops", 0):,} ops)' for n, v in sorted(d["patterns"].items())) + "</p>")
     if fused:
-        rows = [(f'{short_name(r["name"], 52)}', r["time_us"], f'{_ms(r["time_us"])} · {r["launches"]:,}× · {r["ops"]} ops',
-                 f'{r["name"]}\n{r["launches"]:,} launches, {r["time_us"]:.1f} µs, {r["bytes"]:,} bytes', "fused") for r in fused[:TOP_FUSED]]
+        rows = [(f'#{i} {short_name(r["name"], 48)}', r["time_us"], f'{_ms(r["time_us"])} · {r["launches"]:,}× · {r["ops"]} ops',
+                 f'{r["name"]}\n{r["launches"]:,} launches, {r["time_us"]:.1f} µs, {r["bytes"]:,} bytes', "fused")
+                for i, r in enumerate(fused[:TOP_FUSED], 1)]
         rest = fused[TOP_FUSED:]
         if rest:
             rows.append((f"{len(rest)} other fused kernels", sum(r["time_us"] for r in rest),
                          _ms(sum(r["time_us"] for r in rest)), ", ".join(r["name"] for r in rest)[:2000], "others"))
         out.append(hbars("kernel-time", rows))
+        chains = "".join(f'<tr><td class=n>#{i}</td><td><code>{"|<wbr>".join(esc(op) for op in r["name"].split("|"))}</code></td></tr>'
+                         for i, r in enumerate(fused[:TOP_FUSED], 1))
+        out.append(f'<details><summary class="note">The {min(len(fused), TOP_FUSED)} chains in full</summary>'
+                   f'<table id="chains">{chains}</table></details>')
     else:
         out.append(f'<p class="empty">No fused kernels: this run was in {esc(d["mode"])} eager.</p>')
     single = kernel_rows(d, fused=False)[:TOP_SINGLE]
@@ -376,7 +383,7 @@ def _fallback_and_caches(dumps: list, names) -> str:
                        f"<td class=n>{c['misses']:,}</td><td class=n>{c.get('evictions', 0):,}</td><td class=n>{c.get('size', 0):,}</td></tr>")
     caches = caches or '<tr><td colspan=7 class="empty">No cache lookups: caches are used by adaptive eager only.</td></tr>'
     return (f'<section><h2>CPU fallback ops</h2><p class="note">Ops the device lacks run on the CPU after a sync point.</p>{fallback}</section>'
-            f'<section><h2>Caches</h2><table id="caches"><tr><th>run</th><th>cache</th><th>hit rate</th><th>hits</th><th>misses</th>'
+            f'<section><h2>Caches</h2><p class="note">{esc(KERNEL_CACHE_NOTE)}</p><table id="caches"><tr><th>run</th><th>cache</th><th>hit rate</th><th>hits</th><th>misses</th>'
             f'<th>evictions</th><th>size</th></tr>{caches}</table></section>')
 
 
@@ -388,7 +395,8 @@ def render(dumps: list, names: list, traces: list = (), trace_names: list = ()) 
              f'<meta name="viewport" content="width=device-width,initial-scale=1"><style>{CSS}</style></head><body><main>'
              f'<h1>neuron fusion report</h1><div class="sub">{esc(" vs ".join(labels))} · '
              f'{esc(dumps[focus].get("device", {}).get("name", "neuron"))}</div>',
-             f'<p class="headline">{_headline(dumps)}</p>', _cards(dumps)]
+             f'<p class="headline">{_headline(dumps)}</p>', _cards(dumps),
+             f'<p class="note" id="device-time-note" style="margin-top:10px">{esc(device_time_note(dumps[focus]))}</p>']
     if len(dumps) == 2:
         parts.append(f'<section><h2>{esc(labels[0])} vs {esc(labels[1])}</h2><p class="note"><span class="legend">'
                      f'<i style="background:var(--first)"></i>{esc(labels[0])}<i style="background:var(--second)"></i>{esc(labels[1])}'

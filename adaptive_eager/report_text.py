@@ -135,6 +135,44 @@ def explain(table: dict, reason: str) -> str:
     return ""
 
 
+# What two figures mean, in the same words in the CLI, the HTML report and the demo.
+KERNEL_CACHE_NOTE = (
+    "The kernel cache is looked up only while a window is planned, i.e. on a plan-cache miss; "
+    "a plan-cache hit reuses the plan's kernels and skips it. So a low kernel-cache hit rate next to "
+    "a high plan-cache hit rate means each distinct fused kernel was described once, then reused "
+    "through the plan cache."
+)
+
+
+def launch_overhead_us(data: dict) -> float:
+    """The launch overhead a dump was simulated with (NEURON_SIM_LAUNCH_US)."""
+    device = data.get("device")
+    if isinstance(device, dict) and _is_number(device.get("launch_overhead_us")):
+        return float(device["launch_overhead_us"])
+    from adaptive_eager_device.cost_model import PROFILE
+
+    return float(PROFILE.launch_overhead_us)
+
+
+def launch_share(data: dict) -> float | None:
+    """The part of simulated device time that is launch overhead (launches x overhead)."""
+    total = data["device_time_us"]
+    return min(1.0, data["kernels_launched"] * launch_overhead_us(data) / total) if total else None
+
+
+def device_time_note(data: dict) -> str:
+    """Simulated device time, explained with this dump's own figures."""
+    overhead = launch_overhead_us(data)
+    launches = data["kernels_launched"]
+    return (
+        "Simulated device time is the simulator's cost model, not hardware: each kernel costs an assumed "
+        f"launch overhead of {overhead:g} us (NEURON_SIM_LAUNCH_US) plus its memory traffic or FLOPs "
+        f"at Trainium2's published peaks, whichever is slower. Here {launches} launches x {overhead:g} us = "
+        f"{launches * overhead / 1000:.3f} ms, {_pct(launch_share(data))} of it"
+        + (": it is mostly the launch count, which is what adaptive eager cuts." if (launch_share(data) or 0) >= 0.5 else ".")
+    )
+
+
 # -- derived figures ---------------------------------------------------------------------
 def hit_rate(cache: dict) -> float | None:
     lookups = cache.get("hits", 0) + cache.get("misses", 0)
@@ -213,11 +251,17 @@ def _mib(nbytes: float) -> str:
 
 
 def short_name(name: str, width: int = 60) -> str:
-    """A fused kernel's chain, cut in the middle to ``width`` characters."""
+    """A fused kernel's chain in at most ``width`` characters: its first ops, cut at an op
+    boundary, and how many more follow (``ones|triu|masked_fill|… +12 ops``). Never cut in
+    the middle: kernels of one model share their first and last ops, so two middle-cut
+    names looked alike. Where the label is short, show the whole name next to it."""
     if len(name) <= width:
         return name
-    keep = (width - 5) // 2
-    return f"{name[:keep]} ... {name[-keep:]}"
+    head = name[: max(width - 10, 1)]
+    cut = head.rfind("|")
+    head = head[:cut] if cut > 0 else head
+    more = name[len(head):].count("|") or 1
+    return f"{head}|… +{more} ops"
 
 
 def _table(rows, headers, right=()) -> list[str]:
@@ -237,11 +281,12 @@ def _counts(title: str, table: dict, empty: str, note: str = "") -> list[str]:
 
 
 def _kernels(title: str, rows: list[dict], total_us: float) -> list[str]:
+    # The kernel's whole name, last: never cut (cut names of one model's kernels look alike).
     table = [
-        (short_name(r["name"]), r["ops"], r["launches"], f"{r['time_us']:.1f}", _pct(r["time_us"] / total_us if total_us else None))
+        (r["ops"], r["launches"], f"{r['time_us']:.1f}", _pct(r["time_us"] / total_us if total_us else None), r["name"])
         for r in rows
     ]
-    return ["", title] + ["  " + l for l in _table(table, ("kernel", "ops", "launches", "time us", "share"), right=(1, 2, 3, 4))]
+    return ["", title] + ["  " + l for l in _table(table, ("ops", "launches", "time us", "share", "kernel"), right=(0, 1, 2, 3))]
 
 
 def format_stats(data: dict, top: int = 10) -> str:
@@ -262,6 +307,7 @@ def format_stats(data: dict, top: int = 10) -> str:
     if s["peak_memory_bytes"] is not None:
         totals.append(("peak memory", _mib(s["peak_memory_bytes"])))
     lines += [f"  {name:<18}{value}" for name, value in totals]
+    lines += [""] + _wrap(device_time_note(data))
     if s["mode"] == "strict" and not s["flushes"]["total"]:
         lines += ["", "flushes: none (strict eager has no op window)"]
     else:
@@ -292,7 +338,15 @@ def format_stats(data: dict, top: int = 10) -> str:
         lines.append(f"  {label:<13}hit rate {_pct(c['hit_rate']):>6}  ({c['hits']} hits, {c['misses']} misses, {c.get('evictions', 0)} evictions, size {c.get('size', 0)})")
         if "built" in c:
             lines.append(f"  {'':<13}built kernels {c['built']}, op by op {c['op_by_op']}")
+    if s["caches"]["kernel_cache"]["hits"] + s["caches"]["kernel_cache"]["misses"]:
+        lines += _wrap(KERNEL_CACHE_NOTE, indent="  ")
     return "\n".join(lines)
+
+
+def _wrap(text: str, indent: str = "", width: int = 92) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
 
 
 _COMPARED = (
@@ -341,6 +395,13 @@ def format_comparison(first: dict, second: dict, names=("first", "second")) -> s
                   else f"launches: {launches[1] / launches[0]:.2f}x more in the second"]
     if first["ops_recorded"] != second["ops_recorded"]:
         lines.append("note: the two runs recorded different numbers of ops; are they the same program?")
+    shares = " and ".join(f"{_pct(launch_share(d))} in {name}" for d, name in ((first, names[0]), (second, names[1])))
+    lines += [""] + _wrap(
+        "device time: the simulator's cost model, not hardware. Each launch costs an assumed "
+        f"{launch_overhead_us(second):g} us of launch overhead (NEURON_SIM_LAUNCH_US) plus its traffic or FLOPs; "
+        f"launch overhead is {shares}.")
+    if any(d["kernel_cache"]["hits"] + d["kernel_cache"]["misses"] for d in (first, second)):
+        lines += _wrap("kernel cache: " + KERNEL_CACHE_NOTE)
     return "\n".join(lines)
 
 

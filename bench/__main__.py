@@ -4,10 +4,11 @@
 
 Every (workload, mode) pair is measured in a fresh process by ``bench/measure.py`` (how
 each figure is taken is documented there). Ratios are taken within this one run. Results
-go to ``bench/results/<workload>.json``; ``--quick`` runs fewer steps and skips
-both ``torch.compile`` modes (Inductor's compile time alone is minutes on two cores) to
-stay under three minutes. ``neuron-compiled`` is the anchor adaptive eager is judged
-against: the summary gives adaptive / compiled launches and device time per workload.
+go to ``bench/results/latest/<workload>.json`` (``bench/results/`` with ``--save``);
+``--quick`` runs fewer steps and skips both ``torch.compile`` modes (Inductor's compile
+time alone is minutes on two cores) to stay under three minutes. ``neuron-compiled`` is
+the anchor adaptive eager is judged against: the summary gives adaptive / compiled
+launches and device time per workload.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bench import SAVE_HELP, provenance, results_path  # noqa: E402
 from bench.workloads import WORKLOADS  # noqa: E402
 
 MODES = ["cpu", "strict", "adaptive", "neuron-compiled", "compile"]
@@ -113,13 +115,13 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", default=None)
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--save", action="store_true", help=SAVE_HELP)
     args = parser.parse_args(argv)
     workloads = [w for w in args.workloads.split(",") if w]
     unknown = [w for w in workloads if w not in WORKLOADS]
     if unknown:
         parser.error(f"unknown workloads: {', '.join(unknown)} (known: {', '.join(WORKLOADS)})")
     modes = args.modes.split(",") if args.modes else (MODES[:3] if args.quick else MODES)
-    os.makedirs(RESULTS, exist_ok=True)
     results: dict = {}
     started = time.perf_counter()
     total = len(workloads) * len(modes)
@@ -133,13 +135,14 @@ def main(argv=None) -> int:
             print(f"[{done}/{total}] {workload} / {mode} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
             timeout = 1800 if "compile" in mode else 600
             results[workload][mode] = run_one(workload, mode, steps, 2, timeout)
-        with open(os.path.join(RESULTS, f"{workload}.json"), "w") as handle:
-            json.dump({"workload": workload, "description": spec.description, "results": results[workload]}, handle, indent=2)
+        with open(results_path(f"{workload}.json", args.save), "w") as handle:
+            json.dump({"workload": workload, "description": spec.description, "taken": provenance(),
+                       "results": results[workload]}, handle, indent=2)
     if args.json:
         print(json.dumps(results, indent=2))
     else:
         print("\n".join(summarize(results)))
-        print(f"\n({time.perf_counter() - started:.0f} s; results in bench/results/)")
+        print(f"\n({time.perf_counter() - started:.0f} s; results in {os.path.dirname(results_path('x', args.save))}/)")
     return 0
 
 

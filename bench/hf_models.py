@@ -43,8 +43,9 @@ Usage::
                               [--json PATH]
 
 Prints the table, the % that work out of the box, the failures grouped by error, and
-writes ``bench/results/hf_models.json`` (``--only``/``--limit`` runs write nowhere
-unless ``--json`` is given).
+writes ``bench/results/latest/hf_models.json`` (``bench/results/hf_models.json`` with
+``--save``; ``--only``/``--limit`` runs write nowhere unless ``--json`` is given). Exit
+status 1 when any buildable architecture fails.
 """
 from __future__ import annotations
 
@@ -64,6 +65,9 @@ import time
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # `python bench/hf_models.py`
+    sys.path.insert(0, ROOT)
+from bench import SAVE_HELP, provenance, results_path  # noqa: E402
 DEFAULT_JSON = os.path.join(ROOT, "bench", "results", "hf_models.json")
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -955,7 +959,9 @@ def main(argv=None) -> int:
     parser.add_argument("--limit", type=int, help="the first N architectures only")
     parser.add_argument("--jobs", type=int, default=2, help="architectures run at once (default 2)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per architecture")
-    parser.add_argument("--json", help=f"write results here (default for a full sweep: {DEFAULT_JSON})")
+    parser.add_argument("--json", help="write results here (default for a full sweep: bench/results/latest/hf_models.json, "
+                                       "or bench/results/hf_models.json with --save)")
+    parser.add_argument("--save", action="store_true", help=SAVE_HELP)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--progress", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -998,7 +1004,7 @@ def main(argv=None) -> int:
     print()
     print("\n".join(report(records, summary)))
 
-    path = args.json or (None if partial else DEFAULT_JSON)
+    path = args.json or (None if partial else results_path("hf_models.json", args.save))
     if path:
         result = {
             "command": "python -m bench.hf_models " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -1007,6 +1013,7 @@ def main(argv=None) -> int:
             "jobs": args.jobs,
             "timeout_s": args.timeout,
             "source": _source_state(),
+            "taken": provenance(),
             "tiny": {"hidden": HIDDEN, "layers": LAYERS, "heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
                      "ffn": FFN, "experts": EXPERTS, "top_k": TOP_K, "vocab": VOCAB, "batch": BATCH, "seq": SEQ,
                      "new_tokens": NEW_TOKENS, "lr": LR},
@@ -1019,6 +1026,10 @@ def main(argv=None) -> int:
             json.dump(result, handle, indent=1, sort_keys=False, default=str)
             handle.write("\n")
         print(f"wrote {path}")
+    failed = [name for name, record in records.items() if record["status"] not in ("ok", "not_buildable")]
+    if failed:  # the exit status says whether every buildable architecture passed
+        print(f"{len(failed)} architecture(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -44,13 +44,17 @@ Usage::
         [--ops add,mul] [--limit N] [--samples K] [--json PATH]
 
 Prints one summary line per configuration, then per configuration the failures grouped
-by reason and the fallback ops, and writes ``bench/results/op_coverage.json``: per op, per
-configuration, the outcome, its reason and the fallback ops.
+by reason and the fallback ops, and writes ``bench/results/latest/op_coverage.json``
+(``bench/results/op_coverage.json`` with ``--save``): per op, per configuration, the
+outcome, its reason and the fallback ops. Exit status 1 when any op fails. Warnings that
+PyTorch's kernels print for the samples' inputs (``std(): degrees of freedom is <= 0``)
+are counted, not printed (``-v`` prints them).
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import contextlib
 import itertools
 import json
@@ -58,6 +62,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import time
 import warnings
 
@@ -66,7 +71,10 @@ import torch
 import adaptive_eager
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_JSON = os.path.join(_HERE, "results", "op_coverage.json")
+DEFAULT_JSON = os.path.join(_HERE, "results", "op_coverage.json")  # the tracked results (--save)
+if os.path.dirname(_HERE) not in sys.path:  # `python bench/op_coverage.py`
+    sys.path.insert(0, os.path.dirname(_HERE))
+from bench import SAVE_HELP, provenance, results_path  # noqa: E402
 DEFAULT_SAMPLES = 16  # per op and configuration: the whole default sweep takes ~1 min here (all: ~3 min)
 OP_TIME_BUDGET_S = 10.0  # stop running further samples of an op once it took this long
 SAMPLE_HARD_TIMEOUT_S = 120  # SIGALRM watchdog: one sample that hangs becomes a failure
@@ -1025,7 +1033,9 @@ def main(argv=None) -> int:
     parser.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help=f"samples per op and configuration (default {DEFAULT_SAMPLES})")
     parser.add_argument("--time-budget", type=float, default=OP_TIME_BUDGET_S,
                         help="seconds per op after which its remaining samples are not run")
-    parser.add_argument("--json", default=DEFAULT_JSON, help="where to write the results")
+    parser.add_argument("--json", default=None, help="where to write the results (default: bench/results/latest/"
+                                                      "op_coverage.json, or bench/results/op_coverage.json with --save)")
+    parser.add_argument("--save", action="store_true", help=SAVE_HELP)
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per op as it runs")
     options = parser.parse_args(argv)
 
@@ -1049,12 +1059,55 @@ def main(argv=None) -> int:
         elif number == total:
             print(f"... {config.name}: {total} ops", file=sys.stderr, flush=True)
 
-    result = run_sweep(opinfos, chosen, max_samples=options.samples, time_budget=options.time_budget,
-                       progress=progress)
+    with _native_warnings_counted(keep=options.verbose) as warned:
+        result = run_sweep(opinfos, chosen, max_samples=options.samples, time_budget=options.time_budget,
+                           progress=progress)
+    result["summary"]["taken"] = provenance()
     print(format_report(result))
-    write_json(result, options.json)
-    print(f"\nwrote {os.path.relpath(options.json)}")
+    if warned:
+        print(f"\n{len(warned)} warnings printed by PyTorch's kernels for the samples' inputs were not shown "
+              f"({'; '.join(sorted(set(warned))[:3])}{'; ...' if len(set(warned)) > 3 else ''}); -v shows them")
+    path = options.json or results_path("op_coverage.json", options.save)
+    write_json(result, path)
+    print(f"\nwrote {os.path.relpath(path)}")
+    failed = sum(summary["fail"] for summary in result["summary"]["configs"].values())
+    if failed:  # the exit status says whether everything passed
+        print(f"{failed} failures (op and configuration pairs): exit status 1", file=sys.stderr)
+        return 1
     return 0
+
+
+@contextlib.contextmanager
+def _native_warnings_counted(keep: bool = False):
+    """Warnings PyTorch's C++ kernels print straight to stderr (``[W... Warning: ...]``:
+    raised on the device's worker thread, where no Python warning filter applies) are
+    collected instead of printed; yields the list of their messages, filled on exit.
+    Everything else written to stderr meanwhile is passed through."""
+    warned: list = []
+    if keep:
+        yield warned
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    python_stderr = sys.stderr
+    with tempfile.TemporaryFile(mode="w+b") as capture:
+        os.dup2(capture.fileno(), 2)
+        sys.stderr = open(os.dup(saved), "w", buffering=1)  # Python's own writes (progress) still show at once
+        try:
+            yield warned
+        finally:
+            sys.stderr.close()
+            sys.stderr = python_stderr
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            for line in capture.read().decode(errors="replace").splitlines(keepends=True):
+                found = re.search(r"Warning: (.*?)(?: \(function \w+\))?$", line.strip())
+                if line.startswith("[W") and found:
+                    warned.append(found.group(1).split(".")[0])
+                else:
+                    sys.stderr.write(line)
+            sys.stderr.flush()
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ synchronized, like one training step. ``neuron`` reports two figures: host (time
 the ops; the device worker runs concurrently when the host rings its doorbell) and
 host+device (until the synchronize returns). Each figure is the median of ``--repeats``
 steps; ratios are taken within this run, never across runs.
-Results go to ``bench/results/overhead.json``.
+Results go to ``bench/results/latest/overhead.json`` (``bench/results/overhead.json`` with ``--save``).
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import adaptive_eager  # noqa: E402
+from bench import SAVE_HELP, provenance, results_path  # noqa: E402
 from adaptive_eager_device.sync import synchronize  # noqa: E402
 
 OPS_PER_CHAIN = 5
@@ -122,13 +123,12 @@ def main(argv=None) -> int:
     parser.add_argument("--ops", type=int, default=1000, help="ops per step (then a sync)")
     parser.add_argument("--repeats", type=int, default=21, help="steps; the median is reported")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--save", action="store_true", help=SAVE_HELP)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     results = measure(args.ops, args.repeats)
-    out_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "overhead.json"), "w") as handle:
-        json.dump(results, handle, indent=2)
+    with open(results_path("overhead.json", args.save), "w") as handle:
+        json.dump(dict(results, taken=provenance()), handle, indent=2)
     if args.json:
         print(json.dumps(results, indent=2))
         return 0

@@ -46,9 +46,11 @@ def _refuse_bad_configuration() -> None:
     Every neuron tensor is born in a kernel registered here."""
     from .config import CONFIG
 
+    from .errors import users_error
+
     problem = CONFIG.problem()
     if problem is not None:
-        raise ValueError(problem)
+        raise users_error(ValueError(problem))
 
 
 def _make_handler():
@@ -82,6 +84,22 @@ def _make_handler():
             release()
 
     return handle
+
+
+def _user_facing(kernel):
+    """``kernel`` as registered with the dispatcher: a C function around it
+    (``_C.user_facing``) through which the user's errors (``errors.users_error``: the
+    CPU's shape and dtype errors, the device's refusals) leave without a traceback, so
+    Python shows them raised from the user's line alone, as on the CPU. This is the one
+    place every op's error passes through on its way to the user."""
+    from . import _C as _native
+
+    wrap = getattr(_native, "user_facing", None)
+    if wrap is None:  # a _C built before user_facing existed: rebuild with the install command
+        warnings.warn("adaptive_eager_device._C is out of date (no user_facing); errors keep the device's frames. "
+                      "Rebuild it: python -m pip install -c constraints.txt -e .", stacklevel=2)
+        _native.user_facing = wrap = lambda function: function
+    return wrap(kernel)
 
 
 def _boxed_fallback(op, *args, **kwargs):
@@ -131,16 +149,18 @@ def _whole_ops():
 
 
 def _refuse_sparse(op, *args, **kwargs):
-    raise NotImplementedError(
+    from .errors import users_error
+
+    raise users_error(NotImplementedError(
         f"sparse tensors are not supported on the neuron device ({op._schema.name}); convert with .to_dense() first"
-    )
+    ))
 
 
 def _register_kernels() -> None:
     fallback = torch.library.Library("_", "IMPL")
-    fallback.fallback(_boxed_fallback, dispatch_key="PrivateUse1")
+    fallback.fallback(_user_facing(_boxed_fallback), dispatch_key="PrivateUse1")
     for sparse in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
-        fallback.fallback(_refuse_sparse, dispatch_key=sparse)
+        fallback.fallback(_user_facing(_refuse_sparse), dispatch_key=sparse)
     constructors = torch.library.Library("aten", "IMPL")
     for name in torch._C._dispatch_get_all_op_names():  # sparse tensors made of device parts
         base = name[len("aten::"):].split(".")[0]
@@ -149,12 +169,12 @@ def _register_kernels() -> None:
             packet, _, overload = qualified.partition(".")
             op = getattr(getattr(torch.ops.aten, packet), overload or "default")
             for key in ("PrivateUse1", "SparsePrivateUse1", "SparseCsrPrivateUse1"):
-                constructors.impl(qualified, functools.partial(_refuse_sparse, op), key)
+                constructors.impl(qualified, _user_facing(functools.partial(_refuse_sparse, op)), key)
     _STATE["libraries"].append(constructors)
     whole = torch.library.Library("aten", "IMPL")
     for op in _whole_ops():
         whole.impl(op._schema.name[len("aten::"):] + (f".{op._overloadname}" if op._overloadname != "default" else ""),
-                   _kernel_for(op), "PrivateUse1")
+                   _user_facing(_kernel_for(op)), "PrivateUse1")
     # c10d's collectives have PrivateUse1 kernels that hand the tensors to the process
     # group's backend, which cannot read device memory: the device runs them on the host
     # bytes (device/collectives.py) instead.
@@ -167,7 +187,7 @@ def _register_kernels() -> None:
                 qualified = name[len("c10d::"):]
                 packet, _, overload = qualified.partition(".")
                 op = getattr(getattr(torch.ops.c10d, packet), overload or "default")
-                collectives.impl(qualified, _kernel_for(op), "PrivateUse1")
+                collectives.impl(qualified, _user_facing(_kernel_for(op)), "PrivateUse1")
     # `param.data = device_tensor` (module.to keeps each Parameter's identity so, and
     # tied weights stay tied): CPU and neuron tensors are both dense, as CPU and CUDA
     # are; PyTorch leaves the answer for PrivateUse1 to the backend.

@@ -86,7 +86,8 @@ VARIABLES = (
     ("NEURON_FUSION_STATS", "stats_path", _text, None, "write the statistics as JSON at exit"),
     ("NEURON_LAUNCH_BLOCKING", "launch_blocking", _flag, False, "run every op synchronously; errors raise at the op"),
     ("NEURON_FALLBACK", "fallback", _flag, True, "run ops the device lacks on the CPU (0: raise instead)"),
-    ("NEURON_FULL_STACK", "full_stack", _flag, False, "keep the full Python stack of every op for errors"),
+    ("NEURON_FULL_STACK", "full_stack", _flag, False, "keep the full Python stack of every op for deferred errors, and the device's frames "
+     "and chained errors (the meta kernel's rejection) in errors raised at once"),
     ("NEURON_LOG_LEVEL", "log_level", parse_log_level, None, "print the adaptive_eager loggers at this level to stderr"),
 )
 

@@ -20,6 +20,7 @@ import torch
 
 from . import recorder
 from .collectives import run_collective
+from .errors import users_error
 from .host_ops import run_on_host
 from .op_table import (COLLECTIVE, COPY, DATA_DEPENDENT, DECOMPOSE, HOST_READ, KERNEL, LIKE, LIKE_FILLS, METADATA,
                        NO_OP, VIEW, op_entry)
@@ -72,10 +73,10 @@ def _upload(source: torch.Tensor, kwargs):
     if asked. Its output is a result of the kernel, so an upload dropped after a failure
     leaves a poisoned tensor, never one of uninitialized memory."""
     if source.layout != torch.strided:
-        raise NotImplementedError(
+        raise users_error(NotImplementedError(
             f"{source.layout} tensors are not supported on the neuron device; convert with "
             ".to_dense() first"
-        )
+        ))
     device = kwargs.get("device")
     if device is not None and device.index:
         raise recorder.invalid_ordinal(device)
@@ -89,7 +90,7 @@ def decompose(entry, args, kwargs):
         index, name = entry.layout_arg
         layout = args[index] if index < len(args) else kwargs.get(name)
         if layout is not None and layout != torch.strided:
-            raise NotImplementedError(f"{layout} tensors are not supported on the neuron device ({entry.name})")
+            raise users_error(NotImplementedError(f"{layout} tensors are not supported on the neuron device ({entry.name})"))
     return entry.op.decompose(*args, **kwargs)
 
 

@@ -16,6 +16,8 @@ import threading
 
 import torch
 
+from .config import CONFIG
+
 LAUNCH_BLOCKING_HINT = (
     "Errors on the neuron device are reported at the next synchronization point, so the "
     "Python traceback may point past the faulty op. Set NEURON_LAUNCH_BLOCKING=1 to raise "
@@ -54,6 +56,21 @@ def describe_call(op_name: str, args, kwargs) -> str:
     parts = [describe_value(a) for a in args]
     parts += [f"{k}={describe_value(v)}" for k, v in (kwargs or {}).items()]
     return f"{op_name}({', '.join(parts)})"
+
+
+def users_error(error: BaseException) -> BaseException:
+    """Mark ``error`` as the user's: the CPU's own error for the user's arguments (a shape
+    or dtype error the CPU kernel raised), or the device refusing them on purpose (device
+    mismatch, out of memory, sparse layouts). It then reads as the CPU's errors read: the
+    kernel boundary (``device/backend.py``, through ``_C.user_facing``) drops the device's
+    frames, so the traceback ends at the user's line, and the chain (the meta kernel's
+    rejection) is not shown. ``NEURON_FULL_STACK=1`` keeps both. Errors not marked (the
+    device's own bugs) always keep their whole traceback. Returns ``error``."""
+    if not CONFIG.full_stack:
+        error.__neuron_user_error__ = True
+        error.__cause__ = None
+        error.__suppress_context__ = True
+    return error
 
 
 class KernelFailure:

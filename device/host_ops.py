@@ -12,7 +12,7 @@ import torch
 from . import sync as _sync
 from .config import CONFIG
 from .cost_model import PROFILE
-from .errors import poisoned_read_error
+from .errors import poisoned_read_error, users_error
 from .metrics import COUNTERS
 from .queue import QUEUE
 from .random import GENERATOR, device_generator_as_default, generator_twin
@@ -73,17 +73,20 @@ def run_on_host(entry, args, kwargs, reason):
     (a random op that must draw in program order on the host, ``device/random.py``).
     """
     if reason == "fallback" and not CONFIG.fallback:
-        raise NotImplementedError(
+        raise users_error(NotImplementedError(
             f"{entry.name} is not supported on the neuron device (no meta kernel to infer its "
             "output), and NEURON_FALLBACK=0 forbids running it on the CPU."
-        )
+        ))
     _sync.synchronize(f"{reason}: {entry.name}" if reason in ("fallback", "data_dependent") else reason)
     host_args, host_kwargs = host_call_args(entry, args, kwargs, check_poison=True)
-    if entry.host_random:
-        with device_generator_as_default():
-            result = entry.op(*host_args, **host_kwargs)
-    else:
-        result = _ACCELERATOR_SEMANTICS.get(entry.op, entry.op)(*host_args, **host_kwargs)
+    try:
+        if entry.host_random:
+            with device_generator_as_default():
+                result = entry.op(*host_args, **host_kwargs)
+        else:
+            result = _ACCELERATOR_SEMANTICS.get(entry.op, entry.op)(*host_args, **host_kwargs)
+    except Exception as error:  # the CPU's verdict on the user's arguments (a shape error...)
+        raise users_error(error)
     if reason == "fallback" or reason == "meta_rejected":
         COUNTERS.fallback_ops[entry.name] += 1
     elif reason == "data_dependent" or reason == "random_on_host":
@@ -122,7 +125,7 @@ def _upload_one(entry, value, args, kwargs, position):
         index, name = alias
         return args[index] if index < len(args) else kwargs[name]
     if value.layout != torch.strided:
-        raise NotImplementedError(f"{entry.name} returned a {value.layout} tensor; sparse layouts are not supported on the neuron device")
+        raise users_error(NotImplementedError(f"{entry.name} returned a {value.layout} tensor; sparse layouts are not supported on the neuron device"))
     value = value.clone() if value._is_view() or value.storage_offset() else value
     shape, stride = tuple(value.shape), tuple(value.stride())
     nbytes = storage_nbytes(shape, stride, value.element_size())

@@ -21,6 +21,7 @@ from time import perf_counter
 import torch
 
 from . import sync as _sync
+from .errors import users_error
 from .kernel import OpRecord
 from .location import capture_location
 from .metrics import COUNTERS
@@ -53,10 +54,10 @@ _COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
 
 
 def _mismatch(entry, tensor) -> DeviceMismatchError:
-    return DeviceMismatchError(
+    return users_error(DeviceMismatchError(
         "Expected all tensors to be on the same device, but found at least two devices, "
         f"neuron:0 and {tensor.device}! (when checking arguments for {entry.name})"
-    )
+    ))
 
 
 def _host_tensor(entry, tensor, key):
@@ -112,8 +113,9 @@ def _convert(entry, value, key, reads):
 
 def invalid_ordinal(device) -> RuntimeError:
     """``neuron:1`` on a machine with one neuron device: raise as CUDA does."""
-    return RuntimeError(f"neuron error: invalid device ordinal: {device} does not exist; the neuron device count is 1, "
-                        "so neuron:0 (or 'neuron') is the only device")
+    return users_error(RuntimeError(
+        f"neuron error: invalid device ordinal: {device} does not exist; the neuron device count is 1, "
+        "so neuron:0 (or 'neuron') is the only device"))
 
 
 def _is_device(value) -> bool:

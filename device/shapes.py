@@ -276,3 +276,41 @@ def _flatten(values):
             yield from _flatten(v)
         else:
             yield v
+
+
+# Ops whose meta kernel accepts arguments the CPU rejects for their dtypes (found by
+# trying users' common dtype mistakes against the CPU: `model(x.double())`, a long
+# matrix times a float one, float indices, int32 targets). On neuron these were
+# deferred device errors; when the check below fails, the CPU probe decides instead:
+# it raises the CPU's error at once (at the user's line, as on the CPU), or gives the
+# metadata where the CPU accepts the mix (bfloat16 layer norm with float32 weights).
+def _one_dtype(meta_args, meta_kwargs):
+    dtypes = {v.dtype for v in itertools.chain(meta_args, meta_kwargs.values()) if isinstance(v, torch.Tensor)}
+    return len(dtypes) <= 1
+
+
+def _argument_dtype_in(index, allowed):
+    return lambda meta_args, meta_kwargs: index >= len(meta_args) or meta_args[index].dtype in allowed
+
+
+def _dtypes_checked_on_cpu(check, inner):
+    def override(op, meta_args, meta_kwargs):
+        if not check(meta_args, meta_kwargs):
+            return _probe_on_cpu(op, meta_args, meta_kwargs)
+        return inner(op, meta_args, meta_kwargs) if inner is not None else op(*meta_args, **meta_kwargs)
+
+    return override
+
+
+for _op, _check in (
+    (_aten.mm.default, _one_dtype),
+    (_aten.addmm.default, _one_dtype),
+    (_aten.addbmm.default, _one_dtype),
+    (_aten.mv.default, _one_dtype),
+    (_aten.convolution.default, _one_dtype),
+    (_aten.native_layer_norm.default, _one_dtype),
+    (_aten.index_select.default, _argument_dtype_in(2, (torch.int64, torch.int32))),
+    (_aten.nll_loss_forward.default, _argument_dtype_in(1, (torch.int64, torch.uint8))),
+    (_aten.nll_loss2d_forward.default, _argument_dtype_in(1, (torch.int64, torch.uint8))),
+):
+    META_OVERRIDES[_op] = _dtypes_checked_on_cpu(_check, META_OVERRIDES.get(_op))

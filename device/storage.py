@@ -96,13 +96,15 @@ def _size(nbytes: int) -> str:
 
 def _out_of_memory(nbytes: int) -> torch.OutOfMemoryError:
     capacity = CONFIG.hbm_bytes
-    return torch.OutOfMemoryError(
+    from .errors import users_error
+
+    return users_error(torch.OutOfMemoryError(
         f"neuron: out of device memory. Tried to allocate {_size(nbytes)}; the device "
         f"holds {_size(capacity)}, of which {_size(MEMORY.allocated)} are "
         f"allocated in {MEMORY.live_blocks} blocks (peak {_size(MEMORY.peak)}). "
         "Nothing already on the device was lost. Set NEURON_SIM_HBM_GB to simulate a larger "
         "device, or free tensors you no longer need."
-    )
+    ))
 
 
 class DeviceStorage:

@@ -35,6 +35,18 @@ from .location import describe
 HOST_PID, WORKER_PID, SIMULATED_PID = 1, 2, 3
 
 
+def _thread_name() -> str:
+    """The issuing thread's name for the timeline. A thread Python did not start (a
+    ``threading._DummyThread``, "Dummy-1") that issues ops inside ``backward()`` is
+    PyTorch's autograd engine thread for the device: "autograd"."""
+    current = threading.current_thread()
+    if isinstance(current, threading._DummyThread):
+        from torch._C import _current_graph_task_id
+
+        return "autograd" if _current_graph_task_id() != -1 else f"native thread ({current.name})"
+    return current.name
+
+
 class TraceRecorder:
     def __init__(self, clock_origin_us: float = 0.0) -> None:
         self.origin = time.perf_counter()
@@ -54,7 +66,8 @@ class TraceRecorder:
         record.trace_id = op_id
         now = time.perf_counter()
         thread = threading.get_ident()
-        self._threads.setdefault(thread, threading.current_thread().name)
+        if thread not in self._threads:
+            self._threads[thread] = _thread_name()
         self.events.append(
             {
                 "name": record.name,

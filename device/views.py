@@ -14,6 +14,7 @@ import torch
 
 from . import _C as _native
 from . import sync as _sync
+from .errors import users_error
 from .metrics import COUNTERS
 from .storage import storage_nbytes
 from .tensor import describe, storage_of
@@ -28,7 +29,10 @@ def run_view(entry, args, kwargs):
     """A view: new metadata over the same storage, made by the op's CPU kernel. No data
     touched, no launch, no memory."""
     COUNTERS.view_ops += 1
-    return entry.op.redispatch(_CPU_KEYS, *args, **kwargs)
+    try:
+        return entry.op.redispatch(_CPU_KEYS, *args, **kwargs)
+    except Exception as error:  # the CPU's own error for the user's arguments
+        raise users_error(error)
 
 
 _METADATA_SYNC = {aten.resize_.default, aten.resize_as_.default, aten.set_.source_Tensor, aten.set_.source_Storage,
@@ -61,7 +65,10 @@ def run_metadata(entry, args, kwargs):
     op = entry.op
     COUNTERS.view_ops += 1
     if op not in _METADATA_SYNC:
-        op.redispatch(_CPU_KEYS, *args, **kwargs)
+        try:
+            op.redispatch(_CPU_KEYS, *args, **kwargs)
+        except Exception as error:  # the CPU's own error for the user's arguments
+            raise users_error(error)
         return tensor
     if op is aten.resize_.default or op is aten.resize_as_.default:
         size = args[1].shape if op is aten.resize_as_.default else args[1]

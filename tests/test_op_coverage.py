@@ -215,3 +215,26 @@ def test_harness_cli_picks_configurations(tmp_path):
     argv = ["--ops", "add", "--samples", "1", "--no-forward", "--modes", "strict", "--json", str(path)]
     assert op_coverage.main(argv) == 0
     assert list(json.loads(path.read_text())["summary"]["configs"]) == ["float32/strict/backward"]
+
+
+def test_harness_exit_status_says_whether_everything_passed(tmp_path, capsys):
+    """An op that fails (sparse layouts, which the device refuses) makes the sweep exit 1."""
+    path = tmp_path / "coverage.json"
+    argv = ["--ops", "to_sparse", "--samples", "1", "--dtypes", "float32", "--no-backward", "--modes", "strict",
+            "--json", str(path)]
+    assert op_coverage.main(argv) == 1
+    assert json.loads(path.read_text())["summary"]["configs"]["float32/strict/forward"]["fail"] == 1
+    assert "exit status 1" in capsys.readouterr().err
+
+
+def test_native_warnings_are_counted_not_printed(capfd):
+    """PyTorch kernels' C++ warnings on the device's worker thread ([W... Warning: ...],
+    straight to stderr) are counted; other stderr output passes through."""
+    import torch
+
+    with op_coverage._native_warnings_counted() as warned:
+        torch.std(torch.ones(1, device="neuron"), correction=1).cpu()  # degrees of freedom <= 0
+        os.write(2, b"something else\n")
+    err = capfd.readouterr().err
+    assert warned and "degrees of freedom" in warned[0] and "Warning:" not in err
+    assert "something else" in err

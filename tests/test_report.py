@@ -115,6 +115,19 @@ def check_page(root: Node, strict: dict, adaptive: dict, traces) -> None:
     bars = root.by_id("kernel-time").find_all("rect", "bar")
     assert len(bars) == min(len(fused), report.TOP_FUSED) + (len(fused) > report.TOP_FUSED) and len(bars) >= 3
     assert [b.parent.title().split("\n")[0] for b in bars[:report.TOP_FUSED]] == [n for _, n in fused[:report.TOP_FUSED]]
+    # labels: rank and the chain's first ops (cut at the end, never in the middle); the
+    # whole chains are listed under the chart
+    labels = [text_of(b.parent.find_all("text")[0]) for b in bars[:report.TOP_FUSED]]
+    for rank, (label, (_, name)) in enumerate(zip(labels, fused), 1):
+        head = label.split(" ", 1)[1].split("|…")[0]
+        assert label.startswith(f"#{rank} ") and name.startswith(head) and " ... " not in label
+    chains = [text_of(r.find_all("td")[1]) for r in root.by_id("chains").find_all("tr")]
+    assert chains == [n for _, n in fused[:report.TOP_FUSED]]
+    # what simulated device time is, and why the kernel cache rarely hits
+    note = " ".join(text_of(root.by_id("device-time-note")).split())
+    launches, overhead = adaptive["kernels_launched"], adaptive["device"]["launch_overhead_us"]
+    assert "NEURON_SIM_LAUNCH_US" in note and f"{launches} launches x {overhead:g} us" in note
+    assert "a plan-cache hit reuses the plan's kernels and skips it" in text_of(root)
     widths = [float(b.attrs["width"]) for b in bars[:report.TOP_FUSED]]
     assert widths == sorted(widths, reverse=True) and widths[0] > widths[-1]
     singles = [n for n in adaptive["kernels"] if ops_in(n) == 1]
@@ -140,6 +153,11 @@ def check_page(root: Node, strict: dict, adaptive: dict, traces) -> None:
         assert sorted((int(g.attrs["data-pid"]), g.attrs["data-tid"]) for g in real) == sorted(
             (pid, str(tid)) for pid, tid in tracks if pid in (1, 2))
         assert all(g.find_all("rect", "busy") for g in real)
+        # host lanes are named by thread: the training loop's, and autograd's engine thread
+        # (a thread Python did not start, which Python calls "Dummy-1")
+        host_lanes = [text_of(g.find_all("text")[0]) for g in real if g.attrs["data-pid"] == "1"]
+        assert "host · MainThread" in host_lanes and "host · autograd" in host_lanes, host_lanes
+        assert not any("Dummy" in lane for lane in host_lanes)
         assert len(root.by_id(f"timeline-{index}-sim").find_all("g", "lane")) == len([k for k in tracks if k[0] == 3])
         zoom = root.by_id(f"timeline-{index}-zoom")
         kernels = zoom.find_all("rect", "kernel")

@@ -149,8 +149,8 @@ def test_table_of_an_adaptive_run(runs, capsys):
     rows = [cells(row) for row in section(out, "top fused kernels by simulated time")[1:]]  # [1:]: the header
     assert len(rows) == min(10, len(fused))
     for row, (time_us, name, kernel) in zip(rows, fused):
-        assert row[:4] == [short_name(name), str(ops_in(name)), str(kernel["launches"]), f"{time_us:.1f}"]
-    launches = [int(row[2]) for row in map(cells, section(out, "top fused kernels by launches")[1:])]
+        assert row[:3] + row[4:] == [str(ops_in(name)), str(kernel["launches"]), f"{time_us:.1f}", name]  # the whole name
+    launches = [int(row[1]) for row in map(cells, section(out, "top fused kernels by launches")[1:])]
     assert launches == sorted(launches, reverse=True) and launches[0] == max(k["launches"] for _, _, k in fused)
     refusals = [cells(row) for row in section(out, "fusions refused, by reason")]
     assert [row[:2] for row in refusals] == [[r, str(n)] for r, n in sorted(data["refusals"].items(), key=lambda x: (-x[1], x[0]))]
@@ -173,7 +173,8 @@ def test_table_of_a_strict_run(runs, capsys):
     assert "patterns matched: none recorded" in out
     singles = section(out, "top single-op kernels by simulated time")[1:]
     top = max(data["kernels"].items(), key=lambda item: item[1]["time_us"])
-    assert singles[0].split()[:3] == [top[0], "1", str(top[1]["launches"])]
+    cells_of_top = singles[0].split()
+    assert cells_of_top[:2] + cells_of_top[4:] == ["1", str(top[1]["launches"]), top[0]]
     assert re.search(r"kernel cache\s+hit rate\s+-\s+\(0 hits, 0 misses", out)
 
 
@@ -372,3 +373,33 @@ def test_set_level_in_process(loop_rules_only, caplog):
     finally:
         logs.set_level(None)
     assert logger.level == logging.NOTSET
+
+
+def test_short_kernel_names_keep_the_head_and_count_the_rest():
+    """Labels are cut at the end, at an op boundary, never in the middle (middle-cut names
+    of one model's kernels, which share first and last ops, looked alike)."""
+    name = "|".join(f"op{i}" for i in range(40))
+    label = short_name(name, 40)
+    assert len(label) <= 40 and label.startswith("op0|op1|op2|") and " ... " not in label
+    shown = label.split("|…")[0].split("|")
+    assert label.endswith(f"+{40 - len(shown)} ops")
+    assert short_name("mul|add", 40) == "mul|add"
+
+
+def test_device_time_and_the_kernel_cache_are_explained(runs, capsys, tmp_path):
+    """The table says what simulated device time is made of, with the dump's own launch
+    overhead (NEURON_SIM_LAUNCH_US), and why the kernel cache hits so rarely."""
+    data = load(runs["adaptive"])
+    data["device"]["launch_overhead_us"] = 25.0  # another assumed overhead: the note follows the dump
+    path = tmp_path / "other_overhead.json"
+    path.write_text(json.dumps(data))
+    for dump, overhead in ((runs["adaptive"], load(runs["adaptive"])["device"]["launch_overhead_us"]), (path, 25.0)):
+        code, out, _ = cli(capsys, dump)
+        text = " ".join(out.split())
+        launches = data["kernels_launched"]
+        share = min(1.0, launches * overhead / data["device_time_us"])
+        assert code == 0 and "NEURON_SIM_LAUNCH_US" in text
+        assert f"{launches} launches x {overhead:g} us = {launches * overhead / 1000:.3f} ms, {100 * share:.1f}% of it" in text
+        assert "a plan-cache hit reuses the plan's kernels and skips it" in text
+    code, out, _ = cli(capsys, runs["strict"], runs["adaptive"])
+    assert "NEURON_SIM_LAUNCH_US" in out and "skips it" in " ".join(out.split())

@@ -403,7 +403,39 @@ PyObject* describe(PyObject* /*module*/, PyObject* value) {
   return result;
 }
 
+// user_facing(kernel): the kernel as PyTorch calls it, a C function bound to the Python
+// kernel. An error the device marked as the user's (``__neuron_user_error__``, set by
+// errors.users_error: the CPU's own error for the user's arguments) leaves it without a
+// traceback, so Python shows it raised from the user's line with no device frame, as on
+// the CPU. Every other error (a bug of the device) keeps its whole traceback.
+PyObject* call_user_facing(PyObject* kernel, PyObject* args, PyObject* kwargs) {
+  PyObject* result = PyObject_Call(kernel, args, kwargs);
+  if (result != nullptr) {
+    return result;
+  }
+  PyObject* type = nullptr;
+  PyObject* value = nullptr;
+  PyObject* traceback = nullptr;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_NormalizeException(&type, &value, &traceback);
+  if (value != nullptr && PyObject_HasAttrString(value, "__neuron_user_error__")) {
+    Py_CLEAR(traceback);
+    PyException_SetTraceback(value, Py_None);
+  }
+  PyErr_Restore(type, value, traceback);
+  return nullptr;
+}
+
+PyMethodDef user_facing_def = {
+    "neuron_kernel", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call_user_facing)),
+    METH_VARARGS | METH_KEYWORDS, "A neuron kernel (device/backend.py): the user's errors leave it without device frames."};
+
+PyObject* user_facing(PyObject* /*module*/, PyObject* kernel) {
+  return PyCFunction_NewEx(&user_facing_def, kernel, nullptr);
+}
+
 PyMethodDef hot_methods[] = {
+    {"user_facing", user_facing, METH_O, "Wrap a Python kernel so the user's errors leave it without device frames."},
     {"describe", describe, METH_O, "What the dispatcher records of a tensor argument (see neuron.cpp)."},
     {"empty", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(empty)), METH_FASTCALL,
      "A device tensor over a fresh storage (see neuron.cpp)."},

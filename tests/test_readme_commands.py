@@ -1,0 +1,133 @@
+"""Every shell command in README.md runs as written, in the order written (issue 21).
+
+The commands are read from the README's ```bash blocks (continuation lines joined,
+comments dropped) and run one after another in a scratch folder that holds links to the
+repository's ``bench/`` and ``examples/``, so files one command writes (strict.json, the
+traces) are what the next reads, and the checkout stays clean. To keep this test well
+under a minute, some are shrunk and a few are not run:
+
+- shrunk: the demo runs ``--steps 2`` (the README's step counts only lengthen training);
+  ``examples/train_ddp.py`` runs ``--steps 3``; ``bench/overhead.py`` runs
+  ``--ops 100 --repeats 3``; ``torchrun`` runs as ``python -m torch.distributed.run``
+  (the same program, from this interpreter's torch);
+- not run: see :data:`SKIPPED`, each with its reason.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+
+# A command that starts with one of these is not run; why.
+SKIPPED = {
+    "python -m pip install": "installs the package: the test runs inside that install already",
+    "python -m pytest": "the test suite itself, which runs this test",
+    "python -m bench --quick": "takes minutes (every workload in three modes, in fresh processes)",
+    "python -m bench.figures": "rewrites the tracked docs/report.png and takes a minute",
+    "python -m bench": "takes minutes (adds torch.compile of every workload)",
+    "python bench/op_coverage.py": "takes minutes (all of PyTorch's OpInfos in six configurations); "
+                                   "tests/test_op_coverage.py runs it on a few ops",
+    "python bench/hf_models.py": "takes minutes (every causal-LM architecture of transformers); "
+                                 "tests/test_hf_models.py runs a few",
+}
+
+SHRINK = (
+    (r"(python -m adaptive_eager\.demo)((?: --\w+ \w+)*)", lambda m: m.group(1) + re.sub(r" --steps \d+", "", m.group(2)) + " --steps 2"),
+    (r"(examples/train_ddp\.py)", r"\1 --steps 3"),
+    (r"(bench/overhead\.py)", r"\1 --ops 100 --repeats 3"),
+    (r"^torchrun ", "python -m torch.distributed.run "),
+)
+
+
+def readme_commands() -> list[str]:
+    """The shell commands of README's bash blocks, in order (``a && b`` is two commands)."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            if line and not line.startswith("#"):
+                commands += [part.strip() for part in line.split("&&")]
+    return commands
+
+
+def skipped_because(command: str) -> str | None:
+    words = shlex.split(command)
+    words = [w for w in words if not re.match(r"^[A-Z_]+=", w)]  # VAR=value prefixes
+    text = " ".join(words)
+    for prefix in sorted(SKIPPED, key=len, reverse=True):
+        if text == prefix or text.startswith(prefix + " "):
+            return SKIPPED[prefix]
+    return None
+
+
+def shrunk(command: str) -> str:
+    for pattern, replacement in SHRINK:
+        command = re.sub(pattern, replacement, command)
+    return command
+
+
+def test_the_skip_list_names_only_readme_commands():
+    """Each skipped prefix still matches a README command (a stale entry would hide
+    nothing), and the README still has commands to run."""
+    commands = readme_commands()
+    for prefix in SKIPPED:
+        assert any(skipped_because(c) == SKIPPED[prefix] for c in commands), prefix
+    assert sum(skipped_because(c) is None for c in commands) >= 10
+
+
+def test_readme_commands_run_in_order(tmp_path):
+    (tmp_path / "bench").symlink_to(ROOT / "bench")
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    bin_dir = tmp_path / ".bin"  # `python` is this interpreter
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_")}
+    env["PATH"] = str(bin_dir) + os.pathsep + env.get("PATH", "")
+    env["PYTHONPATH"] = str(ROOT)  # `python -m bench...` from the scratch folder
+    ran, seconds = [], {}
+    for command in readme_commands():
+        if skipped_because(command):
+            continue
+        command = shrunk(command)
+        started = time.perf_counter()
+        result = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, f"README command failed: {command}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+        ran.append(command)
+        seconds[command] = round(time.perf_counter() - started, 1)
+    print(seconds)  # pytest -s shows where the time goes
+    assert (tmp_path / "report.html").stat().st_size > 10_000  # the last command of "Seeing what happened"
+    assert any("adaptive_eager.stats strict.json adaptive.json" in c for c in ran)
+    assert any("train_ddp.py" in c for c in ran)
+
+
+@pytest.mark.parametrize("command, expected", [
+    ("NEURON_FUSION_STATS=a.json python -m adaptive_eager.demo --mode strict --steps 20",
+     "NEURON_FUSION_STATS=a.json python -m adaptive_eager.demo --mode strict --steps 2"),
+    ("python -m adaptive_eager.demo", "python -m adaptive_eager.demo --steps 2"),
+    ("torchrun --nproc-per-node 2 examples/train_ddp.py", "python -m torch.distributed.run --nproc-per-node 2 examples/train_ddp.py --steps 3"),
+])
+def test_commands_are_shrunk_not_changed(command, expected):
+    assert shrunk(command) == expected
+
+
+def test_the_screenshot_caption_matches_its_record():
+    """The README says when, at which commit and from which figures docs/report.png was
+    taken, as docs/figures.json (written by python -m bench.figures) records it."""
+    import json
+
+    record = json.loads((ROOT / "docs" / "figures.json").read_text())["docs/report.png"]
+    text = " ".join(README.read_text().split())
+    taken = record["taken"]
+    assert f"taken on {taken['date']} at commit `{taken['commit']}`" in text
+    figures = record["figures"]
+    assert (f"strict: {figures['strict']['ops_recorded']:,} ops and {figures['strict']['kernels_launched']:,} launches; "
+            f"adaptive: {figures['adaptive']['kernels_launched']:,} launches") in text
