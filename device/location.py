@@ -64,7 +64,11 @@ class SourceLocation:
 
 
 def capture_location(depth: int = 2):
-    """The issuing frame as a raw ``(code, lineno)`` pair (cheap; see :func:`describe`)."""
+    """The issuing frame as a raw ``(code, instruction offset)`` pair (cheap; see
+    :func:`describe`). The offset, not the line: a frame's line number is computed by
+    walking its code's line table from the start, which costs as much as the code is long
+    (a compiled graph's generated code runs hundreds of ops in one function), and is
+    needed only when an error is reported."""
     frame = sys._getframe(depth)
     cache = _INTERNAL_CODE
     while frame is not None:
@@ -74,8 +78,8 @@ def capture_location(depth: int = 2):
             internal = cache[code] = is_internal(code.co_filename)
         if not internal:
             if CONFIG.full_stack:
-                return (code, frame.f_lineno, traceback.extract_stack(frame))
-            return (code, frame.f_lineno)
+                return (code, frame.f_lasti, traceback.extract_stack(frame))
+            return (code, frame.f_lasti)
         frame = frame.f_back
     node = torch._C._current_autograd_node()
     if node is not None:
@@ -93,6 +97,14 @@ def register_generated_code(filename: str, locate) -> None:
     _GENERATED[filename] = locate
 
 
+def _line_of(code, offset: int) -> int:
+    """The source line of the instruction at byte ``offset`` of ``code``."""
+    for start, end, line in code.co_lines():
+        if start <= offset < end and line is not None:
+            return line
+    return code.co_firstlineno
+
+
 def describe(raw) -> SourceLocation:
     """The :class:`SourceLocation` of a raw location from :func:`capture_location`."""
     if isinstance(raw, SourceLocation) or raw is None:
@@ -101,6 +113,7 @@ def describe(raw) -> SourceLocation:
     stack = raw[2] if len(raw) > 2 else None
     if isinstance(code, str):
         return SourceLocation(code, 0, "", stack)
+    lineno = _line_of(code, lineno)
     locate = _GENERATED.get(code.co_filename)
     if locate is not None:
         located = locate(lineno)
