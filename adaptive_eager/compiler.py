@@ -29,6 +29,7 @@ planned per concrete shape, so every kernel the device runs has static shapes.
 """
 from __future__ import annotations
 
+import copy
 import itertools
 import re
 import sys
@@ -40,6 +41,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from adaptive_eager_device import sync as _sync
 from adaptive_eager_device.location import SourceLocation, is_internal, register_generated_code
 from adaptive_eager_device.metrics import COUNTERS
+from .reinplace import inputs_distinct, reinplace_input_mutations
 from .statistics import COMPILED
 from .window import AdaptiveSink, WindowPolicy
 
@@ -61,21 +63,32 @@ class GraphRunner:
 
     def __init__(self, gm: torch.fx.GraphModule, kind: str) -> None:
         self._boxed_call = True  # an instance attribute: the wrappers AOTAutograd adds copy it
-        self.gm = gm
         self.kind = kind
         self.sink = AdaptiveSink(_WholeGraph(), name="compiled", shared_caches=False)
         self.entry = COMPILED.graph(next(_GRAPH_IDS), kind, sum(1 for n in gm.graph.nodes if n.op == "call_function"),
                                     {"plan_cache": self.sink.plan_cache, "kernel_cache": self.sink.kernel_cache})
-        _LazyGraphModule.force_recompile(gm)  # its code now, so that its file name is known
-        register_generated_code(gm.forward.__code__.co_filename, _node_locator(gm))
+        # Input mutations back in place (reinplace.py); the graph as traced stays for a
+        # call whose mutated inputs share storage with other inputs.
+        self.as_traced = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        written = reinplace_input_mutations(gm)
+        self.written_inputs = tuple(placeholders.index(p) for p in written)
+        self.entry["inputs_written_in_place"] = len(written)
+        self.gm = gm if written else self.as_traced
+        for module in {id(m): m for m in (self.gm, self.as_traced)}.values():
+            _LazyGraphModule.force_recompile(module)  # its code now, so that its file name is known
+            register_generated_code(module.forward.__code__.co_filename, _node_locator(module))
 
     def __call__(self, args: list):
         previous = _sync.current_sink()
         _sync.set_sink(self.sink)  # flushes the eager window first
         launched = COUNTERS.kernels_launched
         recorded = COUNTERS.ops_recorded
+        gm = self.gm
+        if self.written_inputs and not inputs_distinct(args, self.written_inputs):
+            gm = self.as_traced
         try:
-            outputs = self.gm(*args)
+            outputs = gm(*args)
             args.clear()
         finally:
             self.sink.flush("graph")

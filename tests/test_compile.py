@@ -263,3 +263,41 @@ def test_a_compiled_optimizer_step_whose_state_the_graph_holds_equals_cpu():
     for p, q in zip(params, cpu_params):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
     assert compiled_stats()["graph_calls"] >= 3
+
+
+def test_a_compiled_optimizer_step_writes_its_state_in_place_as_eager_does():
+    params = [nn.Parameter(torch.randn(8, 8, device="neuron")) for _ in range(3)]
+    for p in params:
+        p.grad = torch.randn(8, 8, device="neuron")
+    optimizer = torch.optim.AdamW(params, lr=1e-2)
+    torch.compile(optimizer.step)()
+    graphs = [g for g in compiled_stats()["graphs"].values() if g["calls"]]
+    # parameters, exp_avg, exp_avg_sq and step counters: 4 x 3 inputs, updated in place
+    # by _foreach_*_ ops, with none of functionalization's copies back
+    assert sum(g["inputs_written_in_place"] for g in graphs) == 12
+
+
+def _mutating_graph():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(a, b):
+        doubled = torch.ops.aten.mul.Tensor(a, 2)
+        read = torch.ops.aten.add.Tensor(b, 1)  # reads b before a's update lands
+        torch.ops.aten.copy_.default(a, doubled)
+        return (read,)
+
+    return make_fx(f, tracing_mode="fake")(torch.randn(4), torch.randn(4))
+
+
+def test_input_mutations_in_place_and_the_traced_graph_when_inputs_alias():
+    from adaptive_eager.compiler import GraphRunner
+
+    runner = GraphRunner(_mutating_graph(), "inference")
+    assert runner.written_inputs == (0,)
+    assert "mul_" in runner.gm.code and "copy_" not in runner.gm.code
+    a = torch.arange(4.0, device="neuron")
+    (read,) = runner([a, torch.ones(4, device="neuron")])
+    assert a.cpu().tolist() == [0, 2, 4, 6] and read.cpu().tolist() == [2, 2, 2, 2]
+    a = torch.arange(4.0, device="neuron")
+    (read,) = runner([a, a.view(4)])  # b is a: in place, the read would see the update
+    assert a.cpu().tolist() == [0, 2, 4, 6] and read.cpu().tolist() == [1, 2, 3, 4]
