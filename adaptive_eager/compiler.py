@@ -13,7 +13,9 @@ The path of one compiled step:
    table beyond AOTAutograd's own: the graphs hold the op vocabulary eager mode sees, so
    the same legality rules and pattern library apply to both, and adaptive eager is
    measured against compiled mode on equal terms.
-3. Each aten graph gets a :class:`GraphRunner`: a graph-sized op window (the adaptive
+3. Mutations of graph inputs go back in place (``reinplace.py``: an optimizer step runs
+   eager's ``_foreach_*_`` ops, not functionalization's copies).
+4. Each aten graph gets a :class:`GraphRunner`: a graph-sized op window (the adaptive
    window with no size limit and no flush policy). A call records every op of the graph,
    then flushes once ("graph"): the planner plans the whole graph (cycle check, patterns,
    dead intermediates, the on-chip rule) and each fused group is one launch on the
@@ -22,7 +24,8 @@ The path of one compiled step:
    graph (a CPU fallback, a data-dependent shape) flushes early, as in eager.
 
 Everything downstream is the eager machinery: the cost model, the trace, deferred errors
-(located at the user's line through the FX node's ``stack_trace``, ``describe_graph``),
+(located at the user's line through the FX node's ``stack_trace``: the generated code's
+line -> its node, ``location.register_generated_code``),
 poisoning, ``NEURON_LAUNCH_BLOCKING``. Shapes: a graph compiled for symbolic shapes (an
 explicit ``dynamic=True``, or Dynamo's automatic dynamic shapes after a size change) is
 planned per concrete shape, so every kernel the device runs has static shapes.
