@@ -9,6 +9,10 @@ Entry point: :func:`category` (cached per op name).
 - ``RANDOM``: draws from the device generator (``nondeterministic_seeded``, or takes a
   ``generator``: ``binomial`` is not tagged); fusible
   like pointwise, but kept in program order by a generator dependency;
+- ``FOREACH``: multi-tensor pointwise ops (``_foreach_add_``, ``_foreach_addcdiv``...:
+  an optimizer step over every parameter): pointwise over each position of their tensor
+  lists, so a chain of them over the same tensor group is one loop nest per position,
+  as ``_fused_adamw_`` runs (the loop rules fuse them by that group's shape);
 - ``OPAQUE``: known aten ops that run as a kernel of their own (embedding, cat, scatter,
   layer norm...): they stay in the window, they just do not fuse;
 - ``BARRIER``: anything unknown (ops outside the aten namespace): the window is flushed
@@ -27,6 +31,7 @@ POINTWISE = "pointwise"
 REDUCTION = "reduction"
 MATMUL = "matmul"
 RANDOM = "random"
+FOREACH = "foreach"
 OPAQUE = "opaque"
 BARRIER = "barrier"
 
@@ -49,6 +54,8 @@ REDUCTION_EXTRA = {
     "aten::native_batch_norm", "aten::_native_batch_norm_legit",
     "aten::_native_batch_norm_legit_no_training", "aten::native_batch_norm_backward",
 }
+# foreach ops that reduce each tensor (not pointwise)
+FOREACH_REDUCTIONS = {"aten::_foreach_norm", "aten::_foreach_max"}
 MATMUL_OPS = {
     "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::convolution",
     "aten::_convolution", "aten::convolution_backward", "aten::addmv", "aten::mv", "aten::dot",
@@ -65,6 +72,8 @@ def _category_of(name: str, tags: frozenset, takes_generator: bool) -> str:
         return RANDOM
     if name in POINTWISE_EXTRA or torch.Tag.pointwise in tags:
         return POINTWISE
+    if name.startswith("aten::_foreach_") and name not in FOREACH_REDUCTIONS:
+        return FOREACH
     if name in REDUCTION_EXTRA or torch.Tag.reduction in tags:
         return REDUCTION
     if name.startswith(("aten::", "neuron::")):

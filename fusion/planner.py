@@ -23,13 +23,15 @@ Every refusal has a reason, counted in the statistics and logged at DEBUG to
 """
 from __future__ import annotations
 
+import math
+
 import logging
 
 import networkx as nx
 
 from adaptive_eager_device.queue import BatchCost
 
-from .categories import BARRIER, MATMUL, OPAQUE, REDUCTION, category
+from .categories import BARRIER, FOREACH, MATMUL, OPAQUE, REDUCTION, category
 from .graph import build_graph, would_create_cycle
 from .kernels import group_spec
 from .patterns import find_patterns
@@ -56,6 +58,9 @@ class Group:
             self.anchor, self.anchor_kind = index, kind
             # the iteration spaces a pointwise op may share with this anchor
             self.numels = {cost.numel} if kind == MATMUL else {cost.numel, cost.input_numel}
+        elif kind is FOREACH:  # its iteration space: the shape of its tensor group
+            self.anchor, self.anchor_kind = None, None
+            self.numels = {("foreach", _group_numels(record))}
         else:
             self.anchor, self.anchor_kind = None, None
             self.numels = {cost.numel}
@@ -89,6 +94,14 @@ class Group:
                 self.footprint[storage] = nbytes
         self.on_chip_only = self.on_chip_only or other.on_chip_only or on_chip_only
         self.matches += other.matches
+
+
+def _group_numels(record) -> tuple:
+    """Elements of each tensor of a foreach op's first list: the group it loops over."""
+    first = record.args[0] if record.args else ()
+    if not isinstance(first, (list, tuple)):
+        return ()
+    return tuple(math.prod(getattr(ref, "shape", ())) for ref in first)
 
 
 class Refusal(str):

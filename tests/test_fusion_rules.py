@@ -5,6 +5,7 @@ import logging
 import networkx as nx
 import pytest
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 import adaptive_eager
@@ -67,6 +68,37 @@ def test_matmul_fuses_with_bias_activation_and_residual_epilogue():
     da, dw, db, dr = device(a, w, b, r)
     assert_same(F.relu(F.linear(da, dw, db)) + dr, F.relu(F.linear(a, w, b)) + r)
     assert kernels() == (1, ["addmm|relu|add"])
+
+
+@pytest.mark.parametrize("name, make, compulsory", [
+    # AdamW reads each parameter, gradient and both moments once and writes the
+    # parameter and both moments once: 7 tensors' bytes per parameter
+    ("AdamW", lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1), 7),
+    # SGD with momentum: reads parameter, gradient, buffer; writes parameter, buffer
+    ("SGD", lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9), 5),
+])
+def test_a_foreach_optimizer_step_is_one_kernel_with_its_compulsory_traffic(name, make, compulsory):
+    torch.manual_seed(0)
+    shapes = [(64, 32), (32,), (16, 8, 4)]
+    cpu = [nn.Parameter(torch.randn(shape)) for shape in shapes]
+    params = [nn.Parameter(p.detach().to("neuron")) for p in cpu]
+    for p, q in zip(params, cpu):
+        q.grad = torch.randn(q.shape)
+        p.grad = q.grad.to("neuron")
+    optimizers = [make(params), make(cpu)]
+    for _ in range(2):  # the first step creates the state
+        optimizers[0].step()
+        optimizers[1].step()
+    torch.neuron.synchronize()
+    adaptive_eager.reset_stats()
+    optimizers[0].step()
+    optimizers[1].step()
+    for p, q in zip(params, cpu):
+        assert_same(p.detach(), q.detach())
+    stats = adaptive_eager.stats()
+    weights = sum(q.numel() * 4 for q in cpu)
+    assert stats["kernels_launched"] == 1, (name, stats["refusals"])
+    assert stats["bytes_moved"] == compulsory * weights
 
 
 def test_random_ops_fuse_and_keep_the_cpu_numbers():
