@@ -16,7 +16,9 @@ ends when legal. What may share a kernel:
 - one reduction with its pointwise prologue (ops over its input's elements) and epilogue
   (ops over its input's or its output's elements);
 - one matmul-like op with its pointwise epilogue (bias, activation, residual: ops over its
-  output's elements). A matmul takes no prologue: it closes the window behind it.
+  output's elements). A matmul takes no prologue: it closes the window behind it;
+- multi-tensor (foreach) ops over one tensor group (the same number of elements at each
+  position of their lists): an optimizer step over every parameter, as ``_fused_adamw_``.
 
 Every refusal has a reason, counted in the statistics and logged at DEBUG to
 ``adaptive_eager.fusion``. Plans are deterministic: ties break by window position.
