@@ -153,7 +153,6 @@ def measure_one(workload: str, dim: int, mode: str) -> dict:
 
     import adaptive_eager
 
-    torch.set_num_threads(1)
     adaptive_eager.enable() if mode == "adaptive" else adaptive_eager.disable()
     step, _ = build(workload, dim, "neuron")
     if mode == "neuron-compiled":
@@ -218,6 +217,9 @@ def main(argv=None) -> int:
     parser.add_argument("--roofline", nargs=2, metavar=("WORKLOAD", "DIM"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
+        import torch
+
+        torch.set_num_threads(1)  # as bench/measure.py: one host thread beside the device worker
         print(json.dumps(measure_one(args.one[0], int(args.one[1]), args.one[2])))
         return 0
     if args.roofline:
