@@ -10,6 +10,14 @@ A collective is a sync point: the adaptive window is flushed and the queue drain
 so the collective reads what every earlier kernel wrote. It then completes before the
 call returns (its work is waited for), so later kernels, queued in order, read its result;
 an ``async_op=True`` handle's ``wait()`` then returns at once, with the result visible.
+
+Before it runs, the ranks check that they agree on it (:func:`_check_agreement`): the same
+op and, for the ops whose tensors must match on every rank (all-reduce, broadcast,
+all-gather, reduce-scatter), the same shapes and dtypes. gloo itself does not: an
+all-reduce of 4 elements on one rank and 3 on the other silently returns wrong numbers on
+one and a lost connection on the other. The check is one 8-byte all-gather of a digest
+over the same group; on a mismatch every rank raises an error that names the op and what
+each rank passed.
 Point-to-point ops (``send``, ``recv``) are the exception: their work is the caller's to
 wait for, once (see ``_POINT_TO_POINT``).
 Each collective is counted (``stats()["collectives"]``, and per op with its bytes and
@@ -34,6 +42,7 @@ from .host_ops import host_call_args, upload_result
 from .metrics import COUNTERS
 from .queue import QUEUE
 from .streams import STATE as _STREAMS
+from .errors import users_error
 from .tensor import describe
 
 # An all-reduce crosses the ring twice (reduce-scatter, then all-gather); every other
@@ -67,19 +76,79 @@ def _payload_bytes(args, kwargs) -> int:
     return max(sizes[0], sum(sizes[1:]))
 
 
-def _world_size(args) -> int:
+def _group(args):
+    """The process group among a c10d op's arguments, as the Python ``ProcessGroup``
+    (the op holds it boxed, a TorchBind object with no Python methods)."""
     for value in args:
-        if isinstance(value, torch._C.ScriptObject) and hasattr(value, "size"):
-            try:
-                return int(value.size())
-            except Exception:  # not a process group after all
-                continue
-    return 1
+        if isinstance(value, torch._C.ScriptObject) and value._type().qualified_name().endswith("c10d.ProcessGroup"):
+            return torch.distributed.ProcessGroup.unbox(value)
+    return None
+
+
+def _world_size(args) -> int:
+    group = _group(args)
+    return int(group.size()) if group is not None else 1
+
+
+# The ops whose tensor arguments have the same shapes and dtypes on every rank; for the
+# others (scatter, gather, all-to-all with splits) only the op must agree.
+_SYMMETRIC = {f"c10d::{name}" for name in (
+    "allreduce_", "allreduce_coalesced_", "broadcast_", "reduce_", "allgather_", "_allgather_base_",
+    "allgather_into_tensor_coalesced_", "allgather_coalesced_", "reduce_scatter_", "_reduce_scatter_base_",
+    "reduce_scatter_tensor_coalesced_", "barrier")}
+_DESCRIPTION_BYTES = 2048
+
+
+def _signature(name, args, kwargs) -> str:
+    if name not in _SYMMETRIC:
+        return name
+    parts = []
+    for value in list(args) + list(kwargs.values()):
+        tensors = list(_device_tensors([value]))
+        if tensors:
+            parts.append(", ".join(f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}" for t in tensors))
+    return f"{name}({'; '.join(parts)})"
+
+
+def _all_gather_cpu(group, tensor, size):
+    out = torch.empty((size,) + tuple(tensor.shape), dtype=tensor.dtype)
+    _, work = torch.ops.c10d._allgather_base_(out.view(-1), tensor.reshape(-1), group.boxed(), False, -1)
+    work.wait()
+    return out
+
+
+def _check_agreement(name, args, kwargs, host_args) -> None:
+    """Every rank of the group runs the same collective on matching tensors, or every rank
+    raises (see the module's docstring)."""
+    import hashlib
+
+    if name in _POINT_TO_POINT:
+        return
+    group = _group(host_args)
+    size = int(group.size()) if group is not None else 1
+    if size <= 1:
+        return
+    signature = _signature(name, args, kwargs)
+    digest = int.from_bytes(hashlib.blake2b(signature.encode(), digest_size=8).digest(), "little", signed=True)
+    digests = _all_gather_cpu(group, torch.tensor([digest], dtype=torch.int64), size)
+    if bool((digests == digests[0]).all()):
+        return
+    # every rank saw the mismatch: exchange the signatures to say what each rank ran
+    encoded = signature.encode()[:_DESCRIPTION_BYTES]
+    mine = torch.zeros(_DESCRIPTION_BYTES, dtype=torch.uint8)
+    mine[: len(encoded)] = torch.tensor(list(encoded), dtype=torch.uint8)
+    everyone = _all_gather_cpu(group, mine, size)
+    said = [bytes(row.tolist()).rstrip(b"\0").decode(errors="replace") for row in everyone]
+    lines = "\n".join(f"  rank {rank} of the group: {text}" for rank, text in enumerate(said))
+    raise users_error(RuntimeError(
+        f"{name}: the ranks of the process group disagree on this collective "
+        f"(a different op, or tensors of other shapes or dtypes); nothing was exchanged:\n{lines}"))
 
 
 def run_collective(entry, args, kwargs):
     _sync.synchronize(f"collective: {entry.name}")
     host_args, host_kwargs = host_call_args(entry, args, kwargs, check_poison=True)
+    _check_agreement(entry.name, args, kwargs, host_args)
     result = entry.op(*host_args, **host_kwargs)
     name = entry.name
     if name not in _POINT_TO_POINT:
