@@ -351,6 +351,37 @@ def reference_pipeline(world):
 
 
 # ---------------------------------------------------------------------------------------
+# A 2-D mesh: FSDP2 over "dp", tensor parallel over "tp" (4 ranks)
+
+
+def run_fsdp_tp(world):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("neuron", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+    model = _mlp().to("neuron")
+    parallelize_module(model, mesh["tp"], {"2": ColwiseParallel(), "4": RowwiseParallel()})
+    for layer in (model[0], model[2], model[4]):
+        fully_shard(layer, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    data, target = _mlp_data(world // 2)
+    dp_rank = mesh["dp"].get_local_rank()
+    shard = slice(dp_rank * 4, (dp_rank + 1) * 4)
+    for _ in range(STEPS):
+        optimizer.zero_grad()
+        F.mse_loss(model(data[shard].to("neuron")), target[shard].to("neuron")).backward()
+        optimizer.step()
+    return {"params": _params(model), "rank": dist.get_rank()}
+
+
+def reference_fsdp_tp(world):
+    return reference_fsdp2(world // 2)
+
+
+# ---------------------------------------------------------------------------------------
 
 
 def run_scenario(name, world, out_dir):

@@ -151,6 +151,21 @@ def test_pipeline_parallel_gpipe_and_1f1b(ranks):
         close(mode, f"PP {schedule}", got[1][schedule]["losses"], want["losses"])
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("adaptive", [False, True], ids=["strict", "adaptive"])
+def test_fsdp_and_tensor_parallel_on_a_2d_mesh_of_4_ranks(adaptive, tmp_path):
+    """FSDP2 over the mesh's "dp" dimension and ColwiseParallel/RowwiseParallel over "tp".
+    Four processes: slow on a 2-core machine (each imports torch), so -m slow."""
+    mode = "adaptive" if adaptive else "strict"
+    mp.spawn(S.worker, args=(4, free_port(), adaptive, str(tmp_path), ("fsdp_tp",)), nprocs=4, join=True)
+    want = S.reference_fsdp_tp(4)["params"]
+    errors = [p.read_text() for p in tmp_path.glob("*.error")]
+    assert not errors, "\n".join(errors)
+    got = [torch.load(tmp_path / f"fsdp_tp.rank{r}.pt", weights_only=False) for r in range(4)]
+    for r in got:
+        close(mode, "FSDP2 + TP (2-D mesh, 4 ranks)", r["params"], want)
+
+
 def test_zz_print_parity_table():
     """Not a check: the largest difference per API and mode (pytest -s shows it)."""
     for (mode, api), difference in sorted(PARITY.items(), key=lambda item: (item[0][1], item[0][0])):
