@@ -5,8 +5,9 @@ of the same run on the CPU.
 
 Every model is tiny and built from a config (no downloads), every data set is in
 memory. Each scenario runs in strict and in adaptive eager (``any_mode``). The default
-run holds the fast ones; the slower ones (Trainer with ``torch_compile=True``, TRL's
-``SFTTrainer``) carry the ``slow`` marker: ``python -m pytest -m slow tests/test_hf_stack.py``.
+run holds all but Trainer with ``torch_compile=True`` (~40 s: Dynamo and AOTAutograd
+compile the step), which carries the ``slow`` marker that setup.cfg's ``addopts``
+deselects: ``python -m pytest -m slow tests/test_hf_stack.py`` runs it.
 
 Needs the ``hf`` extra (``pip install -c constraints.txt -e ".[test,hf]"``); each test
 skips, saying which library is missing, without it.
@@ -240,7 +241,7 @@ def test_trainer_with_torch_compile_matches_the_cpu_loss_log(any_mode):
     import adaptive_eager
 
     compiled = adaptive_eager.stats()["compiled"]
-    assert compiled["graphs_captured"] >= 1 and compiled["graph_calls"] >= 3  # the steps ran compiled, on the device
+    assert compiled["graph_calls"] >= 3  # the steps ran compiled graphs (Dynamo may reuse the other mode's)
     torch.testing.assert_close(losses(neuron), losses(cpu), rtol=1e-5, atol=0)
 
 
@@ -469,7 +470,6 @@ def sft_losses(use_cpu, **extra):
     return config, losses(trainer)
 
 
-@pytest.mark.slow
 def test_trl_sft_trainer_with_sft_config_defaults(any_mode):
     """``SFTConfig`` defaults on ``neuron``: bf16 autocast, gradient checkpointing and
     padding to a multiple of 128 (TRL's neuron default). The CPU reference runs with the
