@@ -90,7 +90,10 @@ def test_readme_commands_run_in_order(tmp_path):
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     bin_dir = tmp_path / ".bin"  # `python` is this interpreter
     bin_dir.mkdir()
-    (bin_dir / "python").symlink_to(sys.executable)
+    # a script, not a symlink: a symlinked venv interpreter outside its venv's bin/ finds
+    # no pyvenv.cfg and runs as the base interpreter, without the venv's packages
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (bin_dir / "python").chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_")}
     env["PATH"] = str(bin_dir) + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = str(ROOT)  # `python -m bench...` from the scratch folder
