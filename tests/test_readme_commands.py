@@ -7,7 +7,8 @@ traces) are what the next reads, and the checkout stays clean. To keep this test
 under a minute, some are shrunk and a few are not run:
 
 - shrunk: the demo runs ``--steps 2`` (the README's step counts only lengthen training);
-  ``examples/train_ddp.py``, ``train_fsdp2.py`` and ``train_tp.py`` run ``--steps 3``; ``bench/overhead.py`` runs
+  ``examples/train_ddp.py``, ``train_fsdp2.py``, ``train_tp.py`` and ``finetune_trainer.py`` run ``--steps 3``;
+  ``bench/overhead.py`` runs
   ``--ops 100 --repeats 3``; ``torchrun`` runs as ``python -m torch.distributed.run``
   (the same program, from this interpreter's torch);
 - not run: see :data:`SKIPPED`, each with its reason.
@@ -42,7 +43,7 @@ SKIPPED = {
 
 SHRINK = (
     (r"(python -m adaptive_eager\.demo)((?: --\w+ \w+)*)", lambda m: m.group(1) + re.sub(r" --steps \d+", "", m.group(2)) + " --steps 2"),
-    (r"(examples/train_(?:ddp|fsdp2|tp)\.py)", r"\1 --steps 3"),
+    (r"(examples/(?:train_(?:ddp|fsdp2|tp)|finetune_trainer)\.py)", r"\1 --steps 3"),
     (r"(bench/overhead\.py)", r"\1 --ops 100 --repeats 3"),
     (r"^torchrun ", "python -m torch.distributed.run "),
 )
@@ -109,7 +110,7 @@ def test_readme_commands_run_in_order(tmp_path):
     print(seconds)  # pytest -s shows where the time goes
     assert (tmp_path / "report.html").stat().st_size > 10_000  # the last command of "Seeing what happened"
     assert any("adaptive_eager.stats strict.json adaptive.json" in c for c in ran)
-    for example in ("train_ddp.py", "train_fsdp2.py", "train_tp.py"):
+    for example in ("train_ddp.py", "train_fsdp2.py", "train_tp.py", "finetune_trainer.py"):
         assert any(example in c for c in ran), example
 
 
@@ -118,6 +119,7 @@ def test_readme_commands_run_in_order(tmp_path):
      "NEURON_FUSION_STATS=a.json python -m adaptive_eager.demo --mode strict --steps 2"),
     ("python -m adaptive_eager.demo", "python -m adaptive_eager.demo --steps 2"),
     ("torchrun --nproc-per-node 2 examples/train_ddp.py", "python -m torch.distributed.run --nproc-per-node 2 examples/train_ddp.py --steps 3"),
+    ("NEURON_ADAPTIVE_EAGER=1 python examples/finetune_trainer.py", "NEURON_ADAPTIVE_EAGER=1 python examples/finetune_trainer.py --steps 3"),
 ])
 def test_commands_are_shrunk_not_changed(command, expected):
     assert shrunk(command) == expected
