@@ -94,6 +94,24 @@ def _cache_stats(name: str) -> dict:
     return cache.stats()
 
 
+def _distributed_stats() -> dict:
+    """This rank's collectives: calls, bytes moved over the link and simulated time, in
+    all and per op (``device/collectives.py``)."""
+    import torch.distributed as dist
+
+    initialized = dist.is_available() and dist.is_initialized()
+    by_op = {name: {"calls": calls, "bytes": nbytes, "time_us": round(time_us, 3)}
+             for name, (calls, nbytes, time_us) in sorted(COUNTERS.collective_totals.items())}
+    return {
+        "rank": dist.get_rank() if initialized else None,
+        "world_size": dist.get_world_size() if initialized else None,
+        "collectives": sum(op["calls"] for op in by_op.values()),
+        "bytes": sum(op["bytes"] for op in by_op.values()),
+        "time_us": round(sum(time_us for _, _, time_us in COUNTERS.collective_totals.values()), 3),
+        "by_op": by_op,
+    }
+
+
 def stats() -> dict:
     """Everything the runtime counted since start-up or the last :func:`reset_stats`.
 
@@ -126,6 +144,7 @@ def stats() -> dict:
         "kernels_skipped": COUNTERS.kernels_skipped,
         "sync_points": dict(COUNTERS.sync_points),
         "collectives": dict(COUNTERS.collectives),
+        "distributed": _distributed_stats(),
         "launches_by_stream": {str(k): v for k, v in COUNTERS.launches_by_stream.items()},
         "kernels": {name: {"launches": n, "time_us": round(t, 3), "bytes": b} for name, (n, t, b) in kernels},
         "memory": {"peak_bytes": MEMORY.peak, "allocated_bytes": MEMORY.allocated},

@@ -18,7 +18,9 @@ Entry point: :func:`register` (idempotent). It runs on ``import torch`` through 
 5. routes ``torch.accelerator.synchronize`` to ``torch.neuron.synchronize`` (PyTorch's
    Python device guard cannot synchronize);
 6. makes ``torch.compile(model)`` of neuron graphs use the ``neuron`` backend
-   (``device/dynamo.py``).
+   (``device/dynamo.py``);
+7. registers the ``neuron`` communication backend with torch.distributed, the device's
+   default (gloo on the host bytes, ``device/collectives.py``).
 """
 from __future__ import annotations
 
@@ -266,6 +268,9 @@ def register() -> None:
     from . import dynamo
 
     dynamo.install()
+    from .collectives import register_backend
+
+    register_backend()
     from .queue import QUEUE
 
     atexit.register(QUEUE.drain)

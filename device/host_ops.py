@@ -105,6 +105,33 @@ def run_on_host(entry, args, kwargs, reason):
     return upload_result(entry, result, args, kwargs)
 
 
+def run_random_on_host_with_device_generator(entry, args, kwargs):
+    """A random op on host tensors that names a neuron generator (``torch.randn(shape,
+    generator=torch.Generator("neuron"), device="cpu")``, which Diffusers' ``randn_tensor``
+    issues for a neuron pipeline): it draws from that generator's stream, on the host, in
+    program order, after a sync point (the worker may be drawing from it), and its result
+    stays on the host. The mirror of a CPU generator passed to a neuron op (random.py).
+    Anything else that mixes devices is the user's error."""
+    def leaves(value):
+        if isinstance(value, (list, tuple)):
+            for v in value:
+                yield from leaves(v)
+        else:
+            yield value
+
+    for value in leaves([*args, *kwargs.values()]):
+        device = value.device if isinstance(value, (_Tensor, torch.device)) else None
+        if device is not None and device.type == "neuron":
+            raise users_error(RuntimeError(
+                f"{entry.name}: a neuron generator with tensors on more than one device"))
+    _sync.synchronize("random_on_host")
+    host_kwargs = dict(kwargs, generator=generator_twin(kwargs["generator"]))
+    try:
+        return entry.op(*args, **host_kwargs)
+    except Exception as error:
+        raise users_error(error)
+
+
 def upload_result(entry, result, args, kwargs):
     """Fresh CPU results of a host-run op become device tensors; mutated inputs are
     already updated in place (their CPU tensors alias device memory)."""

@@ -20,6 +20,7 @@ class DeviceCounters:
         "sync_points",  # Counter: reason -> host waits for the queue
         "launches_by_stream",  # dict: stream id -> launches
         "collectives",  # Counter: c10d::op -> calls
+        "collective_totals",  # dict: c10d::op -> (calls, bytes, simulated time in us)
         "bytes_moved",  # simulated device-memory traffic of launched kernels
         "device_time_us",  # simulated device time of launched kernels
         # queue side
@@ -39,6 +40,7 @@ class DeviceCounters:
         self.sync_points = Counter()
         self.launches_by_stream = {}
         self.collectives = Counter()
+        self.collective_totals = {}
         self.bytes_moved = 0
         self.device_time_us = 0.0
         self.errors_deferred = 0

@@ -25,7 +25,11 @@ overload):
   a sync point, with the device generator standing in for the CPU default generator
   (:func:`device_generator_as_default`);
 - a caller's own CPU generator (``generator=g``) is shared with the host, which may draw
-  from it right after: such an op runs on the host after a sync point, in program order.
+  from it right after: such an op runs on the host after a sync point, in program order;
+- the mirror case, a random op on host tensors given a neuron generator (Diffusers'
+  ``randn_tensor`` for a neuron pipeline), draws from that generator's CPU twin on the
+  host after a sync point, and its result stays on the host
+  (``host_ops.run_random_on_host_with_device_generator``).
 """
 from __future__ import annotations
 

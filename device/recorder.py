@@ -33,7 +33,7 @@ from .storage import DeviceStorage, storage_nbytes
 from .streams import STATE as _STREAMS
 from .tensor import describe, device_tensor, reference, storage_of
 from .views import set_metadata
-from .host_ops import run_on_host
+from .host_ops import run_on_host, run_random_on_host_with_device_generator
 
 aten = torch.ops.aten
 CPU = torch.device("cpu")
@@ -188,6 +188,10 @@ def launch(entry, args, kwargs):
     try:
         key, refs, kwrefs, reads, nested = _record_call(entry, args, kwargs)
     except DeviceMismatchError:
+        if entry.random and _neuron_generator(kwargs):
+            # Host tensors drawing from a neuron generator (Diffusers' randn_tensor):
+            # the generator's stream, on the host, in program order (host_ops).
+            return run_random_on_host_with_device_generator(entry, args, kwargs)
         if not entry.composite:
             raise
         # A composite written for every device, taking host tensors where it means to
@@ -236,6 +240,11 @@ def launch(entry, args, kwargs):
         trace.issue(record, started)
     _sync._sink.record(record)
     return _build_return(entry, inference.structure, outputs, args, kwargs)
+
+
+def _neuron_generator(kwargs) -> bool:
+    generator = kwargs.get("generator") if kwargs else None
+    return generator is not None and generator.device.type == "neuron"
 
 
 def _explicit_generator(kwargs) -> bool:

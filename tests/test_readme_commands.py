@@ -7,7 +7,8 @@ traces) are what the next reads, and the checkout stays clean. To keep this test
 under a minute, some are shrunk and a few are not run:
 
 - shrunk: the demo runs ``--steps 2`` (the README's step counts only lengthen training);
-  ``examples/train_ddp.py`` runs ``--steps 3``; ``bench/overhead.py`` runs
+  ``examples/train_ddp.py``, ``train_fsdp2.py``, ``train_tp.py`` and ``finetune_trainer.py`` run ``--steps 3``;
+  ``bench/overhead.py`` runs
   ``--ops 100 --repeats 3``; ``torchrun`` runs as ``python -m torch.distributed.run``
   (the same program, from this interpreter's torch);
 - not run: see :data:`SKIPPED`, each with its reason.
@@ -42,7 +43,7 @@ SKIPPED = {
 
 SHRINK = (
     (r"(python -m adaptive_eager\.demo)((?: --\w+ \w+)*)", lambda m: m.group(1) + re.sub(r" --steps \d+", "", m.group(2)) + " --steps 2"),
-    (r"(examples/train_ddp\.py)", r"\1 --steps 3"),
+    (r"(examples/(?:train_(?:ddp|fsdp2|tp)|finetune_trainer)\.py)", r"\1 --steps 3"),
     (r"(bench/overhead\.py)", r"\1 --ops 100 --repeats 3"),
     (r"^torchrun ", "python -m torch.distributed.run "),
 )
@@ -89,7 +90,10 @@ def test_readme_commands_run_in_order(tmp_path):
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     bin_dir = tmp_path / ".bin"  # `python` is this interpreter
     bin_dir.mkdir()
-    (bin_dir / "python").symlink_to(sys.executable)
+    # a script, not a symlink: a symlink to a venv's python, found outside the venv's
+    # bin/, starts the interpreter the venv was made from, without the venv's packages
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (bin_dir / "python").chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_")}
     env["PATH"] = str(bin_dir) + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = str(ROOT)  # `python -m bench...` from the scratch folder
@@ -106,7 +110,8 @@ def test_readme_commands_run_in_order(tmp_path):
     print(seconds)  # pytest -s shows where the time goes
     assert (tmp_path / "report.html").stat().st_size > 10_000  # the last command of "Seeing what happened"
     assert any("adaptive_eager.stats strict.json adaptive.json" in c for c in ran)
-    assert any("train_ddp.py" in c for c in ran)
+    for example in ("train_ddp.py", "train_fsdp2.py", "train_tp.py", "finetune_trainer.py"):
+        assert any(example in c for c in ran), example
 
 
 @pytest.mark.parametrize("command, expected", [
@@ -114,6 +119,7 @@ def test_readme_commands_run_in_order(tmp_path):
      "NEURON_FUSION_STATS=a.json python -m adaptive_eager.demo --mode strict --steps 2"),
     ("python -m adaptive_eager.demo", "python -m adaptive_eager.demo --steps 2"),
     ("torchrun --nproc-per-node 2 examples/train_ddp.py", "python -m torch.distributed.run --nproc-per-node 2 examples/train_ddp.py --steps 3"),
+    ("NEURON_ADAPTIVE_EAGER=1 python examples/finetune_trainer.py", "NEURON_ADAPTIVE_EAGER=1 python examples/finetune_trainer.py --steps 3"),
 ])
 def test_commands_are_shrunk_not_changed(command, expected):
     assert shrunk(command) == expected

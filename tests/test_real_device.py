@@ -148,6 +148,25 @@ def test_a_neuron_generator_draws_what_a_cpu_generator_with_the_same_seed_draws(
     assert torch.equal(torch.rand(2, device="neuron", generator=g).cpu(), first)
 
 
+def test_host_tensors_drawing_from_a_neuron_generator():
+    """``torch.randn(shape, generator=torch.Generator("neuron"))`` on the host (what
+    Diffusers' ``randn_tensor`` issues for a neuron pipeline): it draws from the neuron
+    generator's stream, in program order with the device's own draws from it, what a CPU
+    generator with the same seed draws, and stays on the host. Mixing devices is refused."""
+    g, c = torch.Generator("neuron").manual_seed(11), torch.Generator().manual_seed(11)
+    drawn = [torch.randn(2, 3, generator=g),                         # host, a factory
+             torch.rand(4, device="neuron", generator=g) * 2,         # device, queued
+             torch.empty(5).normal_(generator=g),                     # host, in place
+             torch.randperm(6, generator=g)]                          # host, integers
+    expected = [torch.randn(2, 3, generator=c), torch.rand(4, generator=c) * 2,
+                torch.empty(5).normal_(generator=c), torch.randperm(6, generator=c)]
+    assert [t.device.type for t in drawn] == ["cpu", "neuron", "cpu", "cpu"]
+    for a, b in zip(drawn, expected):
+        assert torch.equal(a.cpu(), b)
+    with pytest.raises(RuntimeError, match="more than one device|same device"):
+        torch.normal(torch.zeros(3), torch.ones(3, device="neuron"), generator=g)
+
+
 def test_module_to_keeps_parameter_identity_and_tied_weights():
     model = nn.Sequential(nn.Embedding(4, 3), nn.Linear(3, 4, bias=False))
     model[1].weight = model[0].weight
