@@ -35,6 +35,8 @@ SKIPPED = {
     "python -m bench --quick": "takes minutes (every workload in three modes, in fresh processes)",
     "python -m bench.figures": "rewrites the tracked docs/report.png and takes a minute",
     "python -m bench": "takes minutes (adds torch.compile of every workload)",
+    "python bench/scaling.py": "takes tens of minutes (three workloads at four widths, three modes, and the "
+                               "launch-overhead table); tests/test_scaling_bench.py runs the smallest width",
     "python bench/op_coverage.py": "takes minutes (all of PyTorch's OpInfos in six configurations); "
                                    "tests/test_op_coverage.py runs it on a few ops",
     "python bench/hf_models.py": "takes minutes (every causal-LM architecture of transformers); "
