@@ -23,8 +23,9 @@ device time of one step (after a warm-up step; deterministic figures), and:
     and written once (4W), the input tokens and targets read once, the loss written once,
     and every activation autograd saves for backward written once and read once (2A;
     A from ``saved_tensors_hooks`` on the CPU run, each storage once, parameters excluded);
-  - decode: per forward call, the weights read once, the KV cache read once, the new K
-    and V written once, and the logits written once;
+  - decode: the weights read once for the whole loop (a kernel may keep them on chip
+    across tokens: the compiled loop does when they fit), each new K and V written once,
+    the prompt read once and each step's logits written once;
 - ``adaptive / bound``: adaptive device time over the bound.
 
 A launch-overhead sensitivity table (``--sensitivity``, default at d=768): the same
@@ -128,13 +129,9 @@ def roofline(workload: str, dim: int) -> dict:
     flops = counter.get_total_flops()
     if workload == "decode":
         itemsize = 4
-        compulsory = 0
-        cached = 0
+        compulsory = weights + PROMPT * 8
         for new in [PROMPT] + [1] * NEW_TOKENS:
-            kv_read = LAYERS * 2 * cached * dim * itemsize
-            kv_written = LAYERS * 2 * new * dim * itemsize
-            compulsory += weights + kv_read + kv_written + new * VOCAB * itemsize
-            cached += new
+            compulsory += LAYERS * 2 * new * dim * itemsize + new * VOCAB * itemsize  # new K, V; logits
         activations = 0
     else:
         activations = sum(saved.values())
