@@ -43,16 +43,16 @@ def _skip_our_code() -> None:
     """Dynamo must not trace into this package or the runtime (the device guard's
     methods, say, that torch.accelerator calls back into): they are the device, as a C++
     backend's code would be."""
-    if _WARNED_SKIP:
+    if _SKIPPED:
         return
-    _WARNED_SKIP.append(True)
+    _SKIPPED.append(True)
     from torch._dynamo import trace_rules
 
     for package in ("adaptive_eager_device", "adaptive_eager"):
         trace_rules.add(package)
 
 
-_WARNED_SKIP: list = []
+_SKIPPED: list = []
 
 
 def install() -> None:

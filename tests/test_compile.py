@@ -301,3 +301,15 @@ def test_input_mutations_in_place_and_the_traced_graph_when_inputs_alias():
     a = torch.arange(4.0, device="neuron")
     (read,) = runner([a, a.view(4)])  # b is a: in place, the read would see the update
     assert a.cpu().tolist() == [0, 2, 4, 6] and read.cpu().tolist() == [1, 2, 3, 4]
+
+
+def test_dynamo_never_traces_into_the_device():
+    # Without skipping the device's own Python (device/dynamo.py), Dynamo traces into the
+    # device guard that torch.accelerator calls back, and into the recorder, fails there
+    # and runs whole frames eagerly: no error, the numbers still right, nothing compiled.
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    counters.clear()
+    _train(GPT(vocab=64, dim=32, heads=2, layers=1, seq=16), "neuron", 1, compiled=True)
+    assert not counters["unimplemented"], list(counters["unimplemented"])[:3]
