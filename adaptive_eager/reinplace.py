@@ -26,11 +26,11 @@ aten = torch.ops.aten
 
 def _inplace_variant(op):
     """``aten.X.overload`` -> ``aten.X_.overload`` with the same arguments, or None."""
-    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
-        return None
+    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten" or op.is_view:
+        return None  # a view's in-place variant changes metadata (``t_``, ``detach_``): never
     packet = getattr(aten, op._schema.name.split("::")[1] + "_", None)
     inplace = getattr(packet, op._overloadname, None) if packet is not None else None
-    if inplace is None:
+    if inplace is None or torch.Tag.inplace_view in inplace.tags:
         return None
     ours, theirs = op._schema.arguments, inplace._schema.arguments
     if [a.name for a in ours] != [a.name for a in theirs] or theirs[0].alias_info is None or not theirs[0].alias_info.is_write:

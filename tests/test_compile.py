@@ -313,3 +313,23 @@ def test_dynamo_never_traces_into_the_device():
     counters.clear()
     _train(GPT(vocab=64, dim=32, heads=2, layers=1, seq=16), "neuron", 1, compiled=True)
     assert not counters["unimplemented"], list(counters["unimplemented"])[:3]
+
+
+def test_a_view_op_is_never_turned_into_its_in_place_variant():
+    # detach_ (like t_, squeeze_) changes the input's metadata; a mutated input that a
+    # detach reads last must keep its requires_grad and its shape
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from adaptive_eager.compiler import GraphRunner
+
+    def f(a):
+        doubled = torch.ops.aten.mul.Tensor(torch.ops.aten.detach.default(a), 2)
+        torch.ops.aten.copy_.default(a, doubled)
+        return ()
+
+    runner = GraphRunner(make_fx(f, tracing_mode="fake")(torch.randn(4)), "inference")
+    assert "detach_" not in runner.gm.code
+    a = torch.arange(4.0, device="neuron").requires_grad_()
+    with torch.no_grad():
+        runner([a])
+    assert a.requires_grad and a.detach().cpu().tolist() == [0, 2, 4, 6]
