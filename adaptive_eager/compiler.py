@@ -36,6 +36,7 @@ import copy
 import itertools
 import re
 import sys
+import weakref
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
@@ -72,12 +73,13 @@ class GraphRunner:
                                     {"plan_cache": self.sink.plan_cache, "kernel_cache": self.sink.kernel_cache})
         # Input mutations back in place (reinplace.py); the graph as traced stays for a
         # call whose mutated inputs share storage with other inputs.
-        self.as_traced = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
-        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        traced_graph = copy.deepcopy(gm.graph)
+        position = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
         written = reinplace_input_mutations(gm)
-        self.written_inputs = tuple(placeholders.index(p) for p in written)
+        self.written_inputs = tuple(position[p] for p in written)
         self.entry["inputs_written_in_place"] = len(written)
-        self.gm = gm if written else self.as_traced
+        self.gm = gm
+        self.as_traced = torch.fx.GraphModule(gm, traced_graph) if written else gm
         for module in {id(m): m for m in (self.gm, self.as_traced)}.values():
             _LazyGraphModule.force_recompile(module)  # its code now, so that its file name is known
             register_generated_code(module.forward.__code__.co_filename, _node_locator(module))
@@ -105,16 +107,18 @@ class GraphRunner:
 
 def _node_locator(gm: torch.fx.GraphModule):
     """lineno of gm's generated code -> the user's line of the node it runs (from the
-    node's ``stack_trace``), or None."""
-    nodes = list(gm.graph.nodes)
+    node's ``stack_trace``), or None. Holds gm weakly: a graph Dynamo drops is freed."""
+    module = weakref.ref(gm)
     line_map = getattr(gm, "_lineno_map", None) or {}
     start = getattr(gm, "_prologue_start", 0)  # the map counts lines from forward's def
 
     def locate(lineno: int):
         index = line_map.get(lineno - start)
-        if index is None or index >= len(nodes):
+        gm = module()
+        if index is None or gm is None:
             return None
-        return user_frame(nodes[index].meta.get("stack_trace"))
+        nodes = list(gm.graph.nodes)
+        return user_frame(nodes[index].meta.get("stack_trace")) if index < len(nodes) else None
 
     return locate
 
@@ -148,7 +152,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     if options:
         raise RuntimeError(f"torch.compile(backend='neuron') takes no mode or options (got {sorted(options)}); "
                            "they configure Inductor, which has no code generator for the neuron device")
-    COMPILED.captured(_recompile_reason(), sum(1 for n in gm.graph.nodes if n.op == "call_function"))
+    COMPILED.captured(_recompile_reason())
     return _AOT(gm, example_inputs)
 
 

@@ -74,7 +74,7 @@ def reinplace_input_mutations(gm: torch.fx.GraphModule) -> list:
         return max((position[user] for user in value.users if user is not copy or copy.args[1] is value), default=-1)
 
     buffer_of = {placeholder: placeholder for placeholder in final_copy}  # value -> input buffer holding it
-    written = []
+    written = {}  # placeholders written in place, in order (a dict: an ordered set)
     for node in nodes:
         if node.op != "call_function":
             continue
@@ -104,7 +104,7 @@ def reinplace_input_mutations(gm: torch.fx.GraphModule) -> list:
                 continue
             node.target = inplace  # returns its target: the result lives in the same buffer
             buffer_of[node] = buffers[0]
-        written.extend(b for b in buffers if b not in written)
+        written.update(dict.fromkeys(buffers))
     for placeholder, copy in final_copy.items():
         source = copy.args[1]
         if buffer_of.get(source) is placeholder and not copy.users:
@@ -112,7 +112,7 @@ def reinplace_input_mutations(gm: torch.fx.GraphModule) -> list:
     if written:
         graph.lint()
         gm.recompile()
-    return written
+    return list(written)
 
 
 def inputs_distinct(args, mutated_positions) -> bool:

@@ -61,7 +61,7 @@ class CompiledCounters:
         self.graphs: dict = {}  # id -> {"kind", "nodes", "calls", "ops", "launches"}
         self.caches: dict = {}  # id -> {"plan_cache": CountingLRU, "kernel_cache": KernelCache}
 
-    def captured(self, recompile_reason, nodes: int) -> None:
+    def captured(self, recompile_reason) -> None:
         self.captures += 1
         if recompile_reason is not None:
             self.recompiles.append(recompile_reason)

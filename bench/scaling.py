@@ -66,7 +66,7 @@ def build(workload: str, dim: int, device: str):
     import torch
     import torch.nn.functional as F
 
-    from bench.workloads import GPT, Decoder, Llama
+    from bench.workloads import GPT, Decoder, Llama, greedy_decode
 
     torch.manual_seed(0)
     if workload == "decode":
@@ -75,13 +75,7 @@ def build(workload: str, dim: int, device: str):
 
         @torch.no_grad()
         def decode():
-            logits, caches = model(prompt)
-            generated = []
-            for _ in range(NEW_TOKENS):
-                token = logits[:, -1].argmax(-1, keepdim=True)
-                generated.append(token)
-                logits, caches = model(token, caches)
-            return torch.cat(generated, dim=1)
+            return greedy_decode(model, prompt, NEW_TOKENS)
 
         return decode, model
     if workload == "gpt":

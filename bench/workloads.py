@@ -322,6 +322,17 @@ class Decoder(nn.Module):
         return self.head(self.ln(x)), new_caches
 
 
+def greedy_decode(model, prompt, new_tokens: int):
+    """Greedy decoding with the KV cache: the tokens after ``prompt`` (on its device)."""
+    logits, caches = model(prompt)
+    generated = []
+    for _ in range(new_tokens):
+        next_token = logits[:, -1].argmax(-1, keepdim=True)
+        generated.append(next_token)
+        logits, caches = model(next_token, caches)
+    return torch.cat(generated, dim=1)
+
+
 def build_decode(device: str, new_tokens: int = 16):
     torch.manual_seed(0)
     model = Decoder().to(device).eval()
@@ -329,14 +340,7 @@ def build_decode(device: str, new_tokens: int = 16):
 
     @torch.no_grad()
     def step():
-        tokens = prompt.to(device)
-        logits, caches = model(tokens)
-        generated = []
-        for _ in range(new_tokens):
-            next_token = logits[:, -1].argmax(-1, keepdim=True)
-            generated.append(next_token)
-            logits, caches = model(next_token, caches)
-        return torch.cat(generated, dim=1).cpu()
+        return greedy_decode(model, prompt.to(device), new_tokens).cpu()
 
     return step
 

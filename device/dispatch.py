@@ -97,10 +97,9 @@ def decompose(entry, args, kwargs):
 def run_like(entry, args, kwargs):
     """``zeros_like(x)``, ``ones_like(x)``, ``full_like(x, v)``: ``empty_like`` with the same
     keyword arguments (x's metadata only), then one fill kernel."""
-    fill, taken = LIKE_FILLS[entry.op]
+    fill, fill_args = LIKE_FILLS[entry.op]
     out = dispatch(aten.empty_like.default, (args[0],), kwargs)
-    fill_args = (1,) if taken is None else tuple(args[1:1 + taken])
-    return dispatch(fill, (out, *fill_args), {})
+    return dispatch(fill, (out, *fill_args(args)), {})
 
 
 _HANDLERS = {

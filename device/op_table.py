@@ -55,9 +55,10 @@ _UNANNOTATED_VIEWS = {aten._unsafe_view.default, aten.unsafe_split.Tensor, aten.
 # Ops that only allocate: no kernel runs (as on CUDA, torch.empty launches nothing).
 _ALLOCATIONS = {aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
                 aten.new_empty_strided.default, aten.empty_like.default}
-# fill op of each ``LIKE`` op, and how many of its arguments after the input the fill takes
-LIKE_FILLS = {aten.zeros_like.default: (aten.zero_.default, 0), aten.ones_like.default: (aten.fill_.Scalar, None),
-              aten.full_like.default: (aten.fill_.Scalar, 1)}
+# each ``LIKE`` op: its fill op, and the fill's arguments after the tensor, from the op's
+LIKE_FILLS = {aten.zeros_like.default: (aten.zero_.default, lambda args: ()),
+              aten.ones_like.default: (aten.fill_.Scalar, lambda args: (1,)),
+              aten.full_like.default: (aten.fill_.Scalar, lambda args: (args[1],))}
 _COPY_OPS = {aten.copy_.default, aten._to_copy.default, aten._copy_from.default, aten._copy_from_and_resize.default}
 # Host reads the schema does not tag as data-dependent.
 _HOST_READS = {aten.is_nonzero.default, aten._local_scalar_dense.default}
