@@ -26,6 +26,7 @@ import torch  # noqa: E402,F401
 from adaptive_eager_device import NeuronRuntimeError, PoisonedTensorError  # noqa: E402
 from adaptive_eager_device.config import CONFIG as _CONFIG  # noqa: E402
 from adaptive_eager_device.location import add_internal_dir as _add_internal_dir  # noqa: E402
+from adaptive_eager_device.reasons import Flush
 from adaptive_eager_device.sync import synchronize as _synchronize  # noqa: E402
 from .mode import disable, enable, is_enabled, mode  # noqa: E402
 from .statistics import install_exit_dump as _install_exit_dump  # noqa: E402
@@ -39,7 +40,7 @@ if _CONFIG.adaptive:  # NEURON_ADAPTIVE_EAGER=1
 
 def synchronize() -> None:
     """Wait for every kernel issued so far; rethrow the earliest deferred error."""
-    _synchronize("synchronize")
+    _synchronize(Flush.SYNCHRONIZE)
 
 
 def inject_fault(op_name: str, nth: int = 1) -> None:

@@ -45,6 +45,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from adaptive_eager_device import sync as _sync
 from adaptive_eager_device.location import SourceLocation, is_internal, register_generated_code
 from adaptive_eager_device.metrics import COUNTERS
+from adaptive_eager_device.reasons import Flush
 from .reinplace import inputs_distinct, reinplace_input_mutations
 from .statistics import COMPILED
 from .window import AdaptiveSink, WindowPolicy
@@ -96,7 +97,7 @@ class GraphRunner:
             outputs = gm(*args)
             args.clear()
         finally:
-            self.sink.flush("graph")
+            self.sink.flush(Flush.GRAPH)
             _sync.set_sink(previous)
             entry = self.entry
             entry["calls"] += 1

@@ -21,7 +21,7 @@ import math
 import os
 import sys
 
-from .report_text import (FLUSH_WHY, KERNEL_CACHE_NOTE, REFUSAL_WHY, StatsFileError, device_time_note, explain, hit_rate,
+from .report_text import (KERNEL_CACHE_NOTE, StatsFileError, device_time_note, explain, hit_rate,
                           kernel_rows, load, read_json, short_name)
 
 TOP_FUSED = 25  # bars in the fused-kernel chart; the rest share one "others" bar
@@ -352,14 +352,14 @@ def _kernel_sections(d: dict, name: str) -> str:
 
 def _flush_section(d: dict) -> str:
     reasons = sorted(d["flushes"]["by_reason"].items(), key=lambda x: (-x[1], x[0]))
-    body = hbars("flushes", [(r, n, f"{n:,} · {explain(FLUSH_WHY, r)}", f"{r}: {n} flushes", "flush") for r, n in reasons], label_w=240, text_w=420, mono=False) \
+    body = hbars("flushes", [(r, n, f"{n:,} · {explain(r)}", f"{r}: {n} flushes", "flush") for r, n in reasons], label_w=240, text_w=420, mono=False) \
         if reasons else f'<p class="empty">No flushes: {"strict eager has no op window" if d["mode"] == "strict" else "nothing was buffered"}.</p>'
     return f'<section><h2>Why the window was flushed</h2><p class="note">{d["flushes"]["total"]:,} flushes in all.</p>{body}</section>'
 
 
 def _refusal_section(d: dict) -> str:
     refusals = sorted(d.get("refusals", {}).items(), key=lambda x: (-x[1], x[0]))
-    rows = "".join(f"<tr><td><code>{esc(r)}</code></td><td class=n>{n:,}</td><td>{esc(explain(REFUSAL_WHY, r))}</td></tr>" for r, n in refusals)
+    rows = "".join(f"<tr><td><code>{esc(r)}</code></td><td class=n>{n:,}</td><td>{esc(explain(r))}</td></tr>" for r, n in refusals)
     body = f'<table id="refusals"><tr><th>reason</th><th>times</th><th>what it means</th></tr>{rows}</table>' if refusals \
         else '<p class="empty">No fusion was refused.</p>'
     return ('<section><h2>Why not fused</h2><p class="note">Each time the planner declined to merge a producer into its consumer. '

@@ -13,6 +13,8 @@ import argparse
 import json
 import sys
 
+from adaptive_eager_device.reasons import explain  # noqa: F401 (the report's too)
+
 from .statistics import STATS_VERSION
 
 REQUIRED_KEYS = (
@@ -100,39 +102,6 @@ def load(path: str) -> dict:
     if problem:
         raise StatsFileError(f"{path}: malformed statistics dump ({problem})")
     return data
-
-
-# Flush and refusal reasons in plain words (reasons may carry a suffix: "barrier: aten::nonzero").
-FLUSH_WHY = {
-    "queue_shallow": "device queue about to run dry: launch to keep it busy",
-    "window_full": "window reached its maximum size",
-    "host_read": "host read a value (.item(), .cpu(), print)",
-    "barrier": "an op that cannot wait in the window",
-    "launch_blocking": "NEURON_LAUNCH_BLOCKING=1",
-    "mode_change": "switched between strict and adaptive eager",
-    "exit": "process exit", "reset_stats": "reset_stats()", "trace": "trace stopped",
-    "synchronize": "explicit synchronize()", "data_dependent": "op with a data-dependent output shape",
-    "fallback": "an op runs on the CPU and needs its inputs", "stream": "stream query or change", "event": "event recorded",
-}
-REFUSAL_WHY = {
-    "would create a cycle": "the merged kernel would both feed and wait on another kernel of the window",
-    "opaque op": "this op has no loop form to fuse into (it runs alone unless its working set fits on chip)",
-    "working set exceeds on-chip memory": "the group only fused because it fit in one NeuronCore's SBUF; it no longer would",
-    "two anchors": "a streaming kernel holds at most one reduction or matmul",
-    "different iteration spaces": "the ops loop over different numbers of elements",
-    "a matmul takes no prologue": "ops feeding a matmul are not folded into it, only its epilogue is",
-    "marked unfusable after a failure": "this chain failed once as a fused kernel; it now runs op by op",
-    "library kernel": "the group already runs as a library pattern's kernel, which takes no other ops",
-    "pattern": "the chain looks like this pattern, but an intermediate is used elsewhere (e.g. kept for backward)",
-}
-
-
-def explain(table: dict, reason: str) -> str:
-    """What a flush or refusal reason means, in a few words ("" if unknown)."""
-    for key, text in table.items():
-        if reason == key or reason.startswith(key):
-            return text
-    return ""
 
 
 # What two figures mean, in the same words in the CLI, the HTML report and the demo.
@@ -280,6 +249,14 @@ def _counts(title: str, table: dict, empty: str, note: str = "") -> list[str]:
     return ["", f"{title} ({sum(table.values())}{note})"] + ["  " + l for l in _table(rows, ("reason", "count"), right=(1,))[2:]]
 
 
+def _explained(title: str, table: dict, empty: str, note: str = "") -> list[str]:
+    """A table of flush or refusal reasons with their meaning (``device/reasons.py``)."""
+    if not table:
+        return ["", f"{title}: {empty}"]
+    rows = [(reason, n, explain(reason)) for reason, n in sorted(table.items(), key=lambda item: (-item[1], item[0]))]
+    return ["", f"{title} ({sum(table.values())}{note})"] + ["  " + l for l in _table(rows, ("reason", "count", "meaning"), right=(1,))[2:]]
+
+
 def _kernels(title: str, rows: list[dict], total_us: float) -> list[str]:
     # The kernel's whole name, last: never cut (cut names of one model's kernels look alike).
     table = [
@@ -311,7 +288,7 @@ def format_stats(data: dict, top: int = 10) -> str:
     if s["mode"] == "strict" and not s["flushes"]["total"]:
         lines += ["", "flushes: none (strict eager has no op window)"]
     else:
-        lines += _counts("flushes by reason", s["flushes"]["by_reason"], "none")
+        lines += _explained("flushes by reason", s["flushes"]["by_reason"], "none")
     if s["top_fused_by_time"]:
         lines += _kernels(f"top fused kernels by simulated time (of {s['distinct_fused_kernels']})", s["top_fused_by_time"], s["device_time_us"])
         lines += _kernels("top fused kernels by launches", s["top_fused_by_launches"], s["device_time_us"])
@@ -324,13 +301,7 @@ def format_stats(data: dict, top: int = 10) -> str:
         lines += ["", "patterns matched"] + ["  " + l for l in _table(rows, ("pattern", "matched", "ops"), right=(1, 2))]
     else:
         lines += ["", "patterns matched: none recorded"]
-    refusals = sorted(s["refusals"].items(), key=lambda item: (-item[1], item[0]))
-    if refusals:
-        rows = [(reason, n, explain(REFUSAL_WHY, reason)) for reason, n in refusals]
-        lines += ["", f"fusions refused, by reason ({sum(s['refusals'].values())}; counted once per planned window, not per flush)"]
-        lines += ["  " + line for line in _table(rows, ("reason", "count", "meaning"), right=(1,))[2:]]
-    else:
-        lines += ["", "fusions refused: none"]
+    lines += _explained("fusions refused, by reason", s["refusals"], "none", "; counted once per planned window, not per flush")
     lines += _counts("CPU fallback ops", s["fallback_ops"], "none")
     lines += ["", "caches"]
     for key, label in (("kernel_cache", "kernel cache"), ("plan_cache", "plan cache")):

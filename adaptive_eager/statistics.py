@@ -16,6 +16,7 @@ from adaptive_eager_device.config import CONFIG
 from adaptive_eager_device.cost_model import PROFILE
 from adaptive_eager_device.metrics import COUNTERS
 from adaptive_eager_device.queue import QUEUE
+from adaptive_eager_device.reasons import Flush
 from adaptive_eager_device.storage import MEMORY
 from adaptive_eager_device.sync import current_sink, flush
 
@@ -87,6 +88,12 @@ class CompiledCounters:
 COMPILED = CompiledCounters()
 
 
+def _plain(reasons) -> dict:
+    """A Counter of reasons (``device/reasons.py`` members, or members with a detail) as
+    plain strings, as the dump and the CLIs show them."""
+    return {str(reason): count for reason, count in reasons.items()}
+
+
 def _cache_stats(name: str) -> dict:
     cache = FUSION.caches.get(name)
     if cache is None:
@@ -127,7 +134,7 @@ def stats() -> dict:
         "kernels_launched": COUNTERS.kernels_launched,
         "fused_kernels": FUSION.fused_kernels,
         "ops_fused": FUSION.ops_fused,
-        "flushes": {"total": sum(FUSION.flushes.values()), "by_reason": dict(FUSION.flushes)},
+        "flushes": {"total": sum(FUSION.flushes.values()), "by_reason": _plain(FUSION.flushes)},
         "patterns": {name: dict(value) for name, value in FUSION.patterns.items()},
         "kernel_cache": _cache_stats("kernel_cache"),
         "plan_cache": _cache_stats("plan_cache"),
@@ -137,12 +144,12 @@ def stats() -> dict:
         "device_time_us": round(COUNTERS.device_time_us, 3),
         "errors": {"deferred": COUNTERS.errors_deferred, "raised": COUNTERS.errors_raised},
         # beyond the contract
-        "refusals": dict(FUSION.refusals),
+        "refusals": _plain(FUSION.refusals),
         "dead_intermediates": FUSION.dead_intermediates,
         "replays": FUSION.replays,
         "view_ops": COUNTERS.view_ops,
         "kernels_skipped": COUNTERS.kernels_skipped,
-        "sync_points": dict(COUNTERS.sync_points),
+        "sync_points": _plain(COUNTERS.sync_points),
         "collectives": dict(COUNTERS.collectives),
         "distributed": _distributed_stats(),
         "launches_by_stream": {str(k): v for k, v in COUNTERS.launches_by_stream.items()},
@@ -156,7 +163,7 @@ def stats() -> dict:
 def reset_stats() -> None:
     """Zero every counter (cache contents are kept; their counters restart). Ops still in
     an adaptive window are launched first, so nothing recorded before is counted after."""
-    flush("reset_stats")
+    flush(Flush.RESET_STATS)
     QUEUE.drain()
     COUNTERS.reset()
     QUEUE.kernel_totals.clear()
@@ -184,7 +191,7 @@ def dump(path: str) -> None:
 def _dump_at_exit() -> None:
     path = CONFIG.stats_path
     if path:
-        flush("exit")
+        flush(Flush.EXIT)
         dump(path)
 
 

@@ -6,10 +6,10 @@ interception and the execution queue) and :class:`WindowPolicy` (its thresholds)
 Ops on ``neuron`` are recorded into the window, not launched. The window is flushed:
 
 - at a sync point (host reads, ``synchronize``, data-dependent shapes, CPU fallbacks);
-- when it holds ``NEURON_ADAPTIVE_WINDOW`` ops ("window_full");
+- when it holds ``NEURON_ADAPTIVE_WINDOW`` ops (Flush.WINDOW_FULL);
 - before a barrier op, which then runs alone ("barrier: <op>");
 - on a stream change, an event record or a mode change;
-- by the adaptive policy ("queue_shallow"): once the window holds
+- by the adaptive policy (Flush.QUEUE_SHALLOW): once the window holds
   ``NEURON_ADAPTIVE_MIN_WINDOW`` ops, it is flushed as soon as the device's simulated
   backlog falls to ``NEURON_ADAPTIVE_SHALLOW_US`` or below (the device is about to starve:
   feed it now). While the device is busy (deep queue), the window keeps buffering, so
@@ -27,6 +27,7 @@ import torch
 
 from adaptive_eager_device.config import CONFIG
 from adaptive_eager_device.queue import QUEUE
+from adaptive_eager_device.reasons import Flush
 from .fusion.caches import CountingLRU
 from .fusion.categories import BARRIER, category
 from .fusion.kernels import FAILED_SIGNATURES, KernelCache, WindowLaunches
@@ -74,7 +75,7 @@ class AdaptiveSink:
         if barrier is None:
             barrier = self.barrier_by_op[id(op)] = category(op) is BARRIER
         if barrier:
-            self.flush(f"barrier: {record.name}")
+            self.flush(Flush.BARRIER.of(record.name))
             self._launch_single(record)
             return
         # The policy flushes *before* appending: the op being recorded has not yet handed
@@ -83,14 +84,14 @@ class AdaptiveSink:
         count = len(records)
         policy = self.policy
         if count >= policy.max_ops:
-            self.flush("window_full")
+            self.flush(Flush.WINDOW_FULL)
             records = self.records
         elif count >= policy.min_ops and QUEUE.device_free_us - QUEUE.host_us <= policy.shallow_us:
-            self.flush("queue_shallow")  # the device is starved (QUEUE.backlog_us(), inlined)
+            self.flush(Flush.QUEUE_SHALLOW)  # the device is starved (QUEUE.backlog_us(), inlined)
             records = self.records
         records.append(record)
         if CONFIG.launch_blocking:
-            self.flush("launch_blocking")
+            self.flush(Flush.LAUNCH_BLOCKING)
             QUEUE.wait()
 
     # -- flushing ----------------------------------------------------------------------

@@ -12,6 +12,7 @@ import torch
 from . import random as _random
 from .config import CONFIG
 from .cost_model import PROFILE
+from .reasons import Flush
 from .storage import MEMORY, release_freed_memory
 from .streams import Event, Stream, current_stream, default_stream, set_stream, stream  # noqa: F401
 from .sync import synchronize as _synchronize
@@ -95,7 +96,7 @@ def get_amp_supported_dtype():
 def synchronize(device=None) -> None:
     """Wait for every kernel issued so far; rethrow the earliest deferred error."""
     _check_index(device)
-    _synchronize("synchronize")
+    _synchronize(Flush.SYNCHRONIZE)
 
 
 # -- random ------------------------------------------------------------------------------

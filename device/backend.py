@@ -34,6 +34,7 @@ from torch._C import _current_graph_task_id
 
 from . import api
 from .autocast import register_autocast
+from .reasons import Flush
 
 _STATE = {"registered": False, "libraries": []}
 
@@ -209,13 +210,13 @@ def _load_hooks() -> None:
     from .sync import synchronize
 
     def resize(storage, nbytes):
-        synchronize("storage_resize")
+        synchronize(Flush.STORAGE_RESIZE)
         if storage is None:
             return DeviceStorage.of_bytes(nbytes)
         storage.resize_bytes(nbytes)
         return storage
 
-    _native.init(GENERATOR, lambda: synchronize("rng_state"), resize)
+    _native.init(GENERATOR, lambda: synchronize(Flush.RNG_STATE), resize)
 
 
 def _route_to_neuron(name: str, neuron_function) -> None:

@@ -41,6 +41,7 @@ from .cost_model import PROFILE
 from .host_ops import host_call_args, upload_result
 from .metrics import COUNTERS
 from .queue import QUEUE
+from .reasons import Flush
 from .streams import STATE as _STREAMS
 from .errors import users_error
 from .tensor import describe
@@ -146,7 +147,7 @@ def _check_agreement(name, args, kwargs, host_args) -> None:
 
 
 def run_collective(entry, args, kwargs):
-    _sync.synchronize(f"collective: {entry.name}")
+    _sync.synchronize(Flush.COLLECTIVE.of(entry.name))
     host_args, host_kwargs = host_call_args(entry, args, kwargs, check_poison=True)
     _check_agreement(entry.name, args, kwargs, host_args)
     result = entry.op(*host_args, **host_kwargs)

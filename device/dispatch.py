@@ -24,6 +24,7 @@ from .errors import users_error
 from .host_ops import run_on_host
 from .op_table import (COLLECTIVE, COPY, DATA_DEPENDENT, DECOMPOSE, HOST_READ, KERNEL, LIKE, LIKE_FILLS, METADATA,
                        NO_OP, VIEW, op_entry)
+from .reasons import Flush
 from .tensor import describe
 from .views import run_metadata, run_view
 
@@ -50,13 +51,13 @@ def run_copy(entry, args, kwargs):
     if op is aten.copy_.default:
         if describe(args[0]) is not None:
             return recorder.launch(entry, args, kwargs)  # device <- device, or device <- host
-        return run_on_host(entry, args, kwargs, "copy_to_host")
+        return run_on_host(entry, args, kwargs, Flush.COPY_TO_HOST)
     if op is aten._to_copy.default:
         device = kwargs.get("device")
         if describe(args[0]) is None:  # host -> device
             return _upload(args[0], kwargs)
         if device is not None and device.type != "neuron":
-            return run_on_host(entry, args, kwargs, "copy_to_host")
+            return run_on_host(entry, args, kwargs, Flush.COPY_TO_HOST)
         if device is not None and device.index:
             raise recorder.invalid_ordinal(device)
         return recorder.launch(entry, args, kwargs)
@@ -64,7 +65,7 @@ def run_copy(entry, args, kwargs):
         src, dst = args[0], args[1]
         non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
         return dispatch(aten.copy_.default, (dst, src), {"non_blocking": non_blocking})
-    return run_on_host(entry, args, kwargs, "fallback")
+    return run_on_host(entry, args, kwargs, Flush.FALLBACK)
 
 
 def _upload(source: torch.Tensor, kwargs):
@@ -106,8 +107,8 @@ _HANDLERS = {
     VIEW: lambda entry, args, kwargs: run_view(entry, args, kwargs),
     METADATA: lambda entry, args, kwargs: run_metadata(entry, args, kwargs),
     COPY: run_copy,
-    HOST_READ: lambda entry, args, kwargs: run_on_host(entry, args, kwargs, "host_read"),
-    DATA_DEPENDENT: lambda entry, args, kwargs: run_on_host(entry, args, kwargs, "data_dependent"),
+    HOST_READ: lambda entry, args, kwargs: run_on_host(entry, args, kwargs, Flush.HOST_READ),
+    DATA_DEPENDENT: lambda entry, args, kwargs: run_on_host(entry, args, kwargs, Flush.DATA_DEPENDENT),
     COLLECTIVE: lambda entry, args, kwargs: run_collective(entry, args, kwargs),
     DECOMPOSE: decompose,
     LIKE: run_like,

@@ -16,6 +16,7 @@ from .errors import poisoned_read_error, users_error
 from .metrics import COUNTERS
 from .queue import QUEUE
 from .random import GENERATOR, device_generator_as_default, generator_twin
+from .reasons import Flush
 from .storage import DeviceStorage, storage_nbytes
 from .streams import STATE as _STREAMS
 from .tensor import cpu_view, describe, device_tensor, storage_of
@@ -72,12 +73,12 @@ def run_on_host(entry, args, kwargs, reason):
     decides whether this is the user's error or a meta kernel's) and ``random_on_host``
     (a random op that must draw in program order on the host, ``device/random.py``).
     """
-    if reason == "fallback" and not CONFIG.fallback:
+    if reason is Flush.FALLBACK and not CONFIG.fallback:
         raise users_error(NotImplementedError(
             f"{entry.name} is not supported on the neuron device (no meta kernel to infer its "
             "output), and NEURON_FALLBACK=0 forbids running it on the CPU."
         ))
-    _sync.synchronize(f"{reason}: {entry.name}" if reason in ("fallback", "data_dependent") else reason)
+    _sync.synchronize(reason.of(entry.name) if reason in (Flush.FALLBACK, Flush.DATA_DEPENDENT) else reason)
     host_args, host_kwargs = host_call_args(entry, args, kwargs, check_poison=True)
     try:
         if entry.host_random:
@@ -87,9 +88,9 @@ def run_on_host(entry, args, kwargs, reason):
             result = _ACCELERATOR_SEMANTICS.get(entry.op, entry.op)(*host_args, **host_kwargs)
     except Exception as error:  # the CPU's verdict on the user's arguments (a shape error...)
         raise users_error(error)
-    if reason == "fallback" or reason == "meta_rejected":
+    if reason in (Flush.FALLBACK, Flush.META_REJECTED):
         COUNTERS.fallback_ops[entry.name] += 1
-    elif reason == "data_dependent" or reason == "random_on_host":
+    elif reason in (Flush.DATA_DEPENDENT, Flush.RANDOM_ON_HOST):
         # One blocking launch: counted and costed like any kernel, from its real sizes.
         COUNTERS.ops_recorded += 1
         written = [t for t in (result if isinstance(result, (list, tuple)) else (result,)) if isinstance(t, _Tensor)]
@@ -100,7 +101,7 @@ def run_on_host(entry, args, kwargs, reason):
         start = QUEUE.account(entry.op, nbytes, PROFILE.kernel_time_us(nbytes, elements, dtype), _STREAMS.current)
         if QUEUE.trace is not None:
             QUEUE.trace.kernel(entry.op, entry.op, start, PROFILE.kernel_time_us(nbytes, elements, dtype), _STREAMS.current, 0)
-    if reason in ("host_read", "copy_to_host"):
+    if reason in (Flush.HOST_READ, Flush.COPY_TO_HOST):
         return result
     return upload_result(entry, result, args, kwargs)
 
@@ -124,7 +125,7 @@ def run_random_on_host_with_device_generator(entry, args, kwargs):
         if device is not None and device.type == "neuron":
             raise users_error(RuntimeError(
                 f"{entry.name}: a neuron generator with tensors on more than one device"))
-    _sync.synchronize("random_on_host")
+    _sync.synchronize(Flush.RANDOM_ON_HOST)
     host_kwargs = dict(kwargs, generator=generator_twin(kwargs["generator"]))
     try:
         return entry.op(*args, **host_kwargs)

@@ -37,6 +37,8 @@ import contextlib
 
 import torch
 
+from .reasons import Flush
+
 GENERATOR = torch.Generator()  # the CPU twin of the device's default generator
 GENERATOR.manual_seed(torch.initial_seed())
 
@@ -118,7 +120,7 @@ def _synchronize() -> None:
     # Pending random kernels must draw from the old state before the seed changes.
     from .sync import synchronize
 
-    synchronize("rng_state")
+    synchronize(Flush.RNG_STATE)
 
 
 def manual_seed(seed: int) -> None:

@@ -28,6 +28,7 @@ from .metrics import COUNTERS
 from .op_table import op_entry
 from .queue import QUEUE
 from .random import GENERATOR, generator_twin
+from .reasons import Flush
 from .shapes import NO_META, SHAPE_CACHE, SHAPE_CACHE_SIZE, MetaRejected, infer
 from .storage import DeviceStorage, storage_nbytes
 from .streams import STATE as _STREAMS
@@ -184,7 +185,7 @@ def launch(entry, args, kwargs):
     if entry.rewrite is not None:
         entry = entry.rewrite
     if entry.random and (entry.host_random or _explicit_generator(kwargs)):
-        return run_on_host(entry, args, kwargs or {}, "random_on_host")
+        return run_on_host(entry, args, kwargs or {}, Flush.RANDOM_ON_HOST)
     try:
         key, refs, kwrefs, reads, nested = _record_call(entry, args, kwargs)
     except DeviceMismatchError:
@@ -203,7 +204,7 @@ def launch(entry, args, kwargs):
         try:
             inference = infer(entry, args, kwargs or {}, _is_device)
         except MetaRejected:
-            return run_on_host(entry, args, kwargs or {}, "meta_rejected")
+            return run_on_host(entry, args, kwargs or {}, Flush.META_REJECTED)
         if inference is not NO_META:
             inference.key = key
         SHAPE_CACHE[key] = inference
@@ -212,7 +213,7 @@ def launch(entry, args, kwargs):
     else:
         SHAPE_CACHE.move_to_end(key)
     if inference is NO_META:
-        return run_on_host(entry, args, kwargs or {}, "fallback")
+        return run_on_host(entry, args, kwargs or {}, Flush.FALLBACK)
     if inference.resized:
         _resize_outputs(inference.resized, args, kwargs)
         key, refs, kwrefs, reads, nested = _record_call(entry, args, kwargs)

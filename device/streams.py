@@ -27,6 +27,7 @@ import torch
 from . import sync as _sync
 from .metrics import COUNTERS
 from .queue import HOST_LOCK, QUEUE, Fence
+from .reasons import Flush
 
 _DEVICE_TYPE = torch._C._autograd.DeviceType.PrivateUse1
 _ids = itertools.count(1)
@@ -69,7 +70,7 @@ class Stream(torch.Stream):
 
     def query(self) -> bool:
         """True when everything issued on this stream has run."""
-        _sync.flush("stream_query")
+        _sync.flush(Flush.STREAM_QUERY)
         last = QUEUE.last_on_stream.get(self.stream_id, 0)
         if last > QUEUE.completed:
             QUEUE.ring()
@@ -77,7 +78,7 @@ class Stream(torch.Stream):
 
     def synchronize(self) -> None:
         """Wait for this stream's work (a sync point; rethrows deferred errors)."""
-        _sync.synchronize("stream_synchronize")
+        _sync.synchronize(Flush.STREAM_SYNCHRONIZE)
 
     def wait_stream(self, stream) -> None:
         # One in-order queue: the other stream's work already runs before ours.
@@ -123,7 +124,7 @@ def set_stream(stream: Stream) -> None:
     stream_id = stream.stream_id
     if stream_id == STATE.current:
         return
-    _sync.flush("stream_change")
+    _sync.flush(Flush.STREAM_CHANGE)
     if stream_id not in _streams_by_id:
         _streams_by_id[stream_id] = stream if isinstance(stream, Stream) else Stream(_stream_id=stream_id)
     STATE.current = stream_id
@@ -157,7 +158,7 @@ class Event:
     def record(self, stream: Stream | None = None) -> None:
         stream = stream if stream is not None else current_stream()
         with HOST_LOCK:
-            _sync.flush("event_record")
+            _sync.flush(Flush.EVENT_RECORD)
             self._marker = Fence()
             self._clock_us = QUEUE.clock_us
             self._sequence = QUEUE.submit(self._marker, stream.stream_id)
@@ -176,7 +177,7 @@ class Event:
         """Wait until the queue reaches this event (a sync point; rethrows errors)."""
         if self._marker is None:
             return
-        COUNTERS.sync_points["event_synchronize"] += 1
+        COUNTERS.sync_points[Flush.EVENT_SYNCHRONIZE] += 1
         QUEUE.ring()
         self._marker.event.wait()
         QUEUE.raise_pending()

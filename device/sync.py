@@ -14,6 +14,7 @@ from __future__ import annotations
 from .config import CONFIG
 from .metrics import COUNTERS
 from .queue import HOST_LOCK, QUEUE
+from .reasons import Flush
 
 
 class StrictSink:
@@ -46,7 +47,7 @@ def set_sink(sink) -> None:
     with HOST_LOCK:
         if sink is _sink:
             return
-        _sink.flush("mode_change")
+        _sink.flush(Flush.MODE_CHANGE)
         _sink = sink
 
 
@@ -55,7 +56,7 @@ def flush(reason: str) -> None:
         _sink.flush(reason)
 
 
-def synchronize(reason: str = "synchronize") -> None:
+def synchronize(reason: str = Flush.SYNCHRONIZE) -> None:
     """A sync point: launch everything recorded, wait for the device, raise deferred errors."""
     with HOST_LOCK:
         _sink.flush(reason)

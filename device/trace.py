@@ -31,6 +31,7 @@ import time
 
 from .config import CONFIG
 from .location import describe
+from .reasons import Flush
 
 HOST_PID, WORKER_PID, SIMULATED_PID = 1, 2, 3
 
@@ -151,7 +152,7 @@ def stop(path: str | None = None) -> dict:
 
     from .sync import flush
 
-    flush("trace")
+    flush(Flush.TRACE)
     QUEUE.drain()
     recorder, QUEUE.trace = QUEUE.trace, None
     trace = recorder.to_dict() if recorder is not None else {"traceEvents": []}

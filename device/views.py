@@ -16,6 +16,7 @@ from . import _C as _native
 from . import sync as _sync
 from .errors import users_error
 from .metrics import COUNTERS
+from .reasons import Flush
 from .storage import storage_nbytes
 from .tensor import describe, storage_of
 
@@ -50,7 +51,7 @@ def _grow(tensor: torch.Tensor, nbytes: int) -> None:
     a storage in ``resize_``)."""
     if tensor.untyped_storage().nbytes() >= nbytes:
         return
-    _sync.synchronize("resize")
+    _sync.synchronize(Flush.RESIZE)
     storage_of(tensor).resize_bytes(nbytes)
     _native.regrow(tensor, nbytes)
 
@@ -81,7 +82,7 @@ def run_metadata(entry, args, kwargs):
         _grow(tensor, needed)
         set_metadata(tensor, tensor.untyped_storage(), offset, shape, stride)
         return tensor
-    _sync.synchronize(f"metadata: {entry.name}")
+    _sync.synchronize(Flush.METADATA.of(entry.name))
     if op is aten.set_.default:  # set_(): an empty storage of the device
         from .storage import DeviceStorage
         from .tensor import device_tensor
