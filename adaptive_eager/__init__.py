@@ -10,6 +10,9 @@ loads the runtime and gives its public API:
   exit to ``NEURON_FUSION_STATS=<path>``);
 - ``enable()``, ``disable()``, ``mode(adaptive)``: switch between strict and adaptive
   eager (``NEURON_ADAPTIVE_EAGER=1`` enables adaptive eager at start-up);
+- ``window_policy(**fields)``: change the adaptive window's thresholds for a region
+  (``max_ops``, ``min_ops``, ``shallow_us``, ``patterns``, ``on_chip_bytes``);
+  ``clear_caches()`` empties its plan and kernel caches;
 - ``synchronize()``: wait for the device, rethrow deferred errors;
 - ``NeuronRuntimeError``: what a deferred device error is raised as.
 """
@@ -26,9 +29,9 @@ import torch  # noqa: E402,F401
 from adaptive_eager_device import NeuronRuntimeError, PoisonedTensorError  # noqa: E402
 from adaptive_eager_device.config import CONFIG as _CONFIG  # noqa: E402
 from adaptive_eager_device.location import add_internal_dir as _add_internal_dir  # noqa: E402
-from adaptive_eager_device.reasons import Flush
+from adaptive_eager_device.reasons import Flush as _Flush  # noqa: E402
 from adaptive_eager_device.sync import synchronize as _synchronize  # noqa: E402
-from .mode import disable, enable, is_enabled, mode  # noqa: E402
+from .mode import clear_caches, disable, enable, is_enabled, mode, window_policy  # noqa: E402
 from .statistics import install_exit_dump as _install_exit_dump  # noqa: E402
 from .statistics import reset_stats, stats  # noqa: E402
 
@@ -40,7 +43,7 @@ if _CONFIG.adaptive:  # NEURON_ADAPTIVE_EAGER=1
 
 def synchronize() -> None:
     """Wait for every kernel issued so far; rethrow the earliest deferred error."""
-    _synchronize(Flush.SYNCHRONIZE)
+    _synchronize(_Flush.SYNCHRONIZE)
 
 
 def inject_fault(op_name: str, nth: int = 1) -> None:
@@ -58,8 +61,8 @@ def clear_faults() -> None:
 
 
 __all__ = [
-    "NeuronRuntimeError", "PoisonedTensorError", "clear_faults", "disable", "enable", "inject_fault",
-    "is_enabled", "mode", "reset_stats", "stats", "synchronize",
+    "NeuronRuntimeError", "PoisonedTensorError", "clear_caches", "clear_faults", "disable", "enable", "inject_fault",
+    "is_enabled", "mode", "reset_stats", "stats", "synchronize", "window_policy",
 ]
 
 # Seeing what happened (issue 6): PyTorch/XLA-style metrics, and the silent-by-default

@@ -4,6 +4,11 @@ Entry points: :func:`enable`, :func:`disable`, :func:`is_enabled` and the contex
 :func:`mode` (``with adaptive_eager.mode(True): ...``). ``NEURON_ADAPTIVE_EAGER=1`` enables
 adaptive eager at start-up. Switching flushes the window, so no recorded op is lost and
 no fused kernel spans the switch.
+
+The window's thresholds are public too: :func:`window_policy` changes them for a region
+(tests and benchmarks pin windows to sync points, or switch the pattern library or the
+on-chip rule off) and :func:`clear_caches` empties the plan and kernel caches (a cold
+start).
 """
 from __future__ import annotations
 
@@ -48,3 +53,30 @@ def mode(adaptive: bool = True):
         yield
     finally:
         enable() if previous else disable()
+
+
+@contextlib.contextmanager
+def window_policy(**fields):
+    """Set fields of adaptive eager's window policy for a region, then restore them all;
+    yields the live policy. Fields: ``max_ops`` and ``min_ops`` (window size bounds),
+    ``shallow_us`` (flush when the device's backlog falls below it), ``patterns`` (the
+    pattern library), ``on_chip_bytes`` (the on-chip rule's budget, 0 turns it off). A
+    change applies from the next op the window records; no flush is forced."""
+    policy = _adaptive_sink().policy
+    saved = dict(vars(policy))
+    unknown = sorted(set(fields) - set(saved))
+    if unknown:
+        raise TypeError(f"window_policy: no field {', '.join(unknown)}; the fields are {', '.join(sorted(saved))}")
+    vars(policy).update(fields)
+    try:
+        yield policy
+    finally:
+        vars(policy).update(saved)
+
+
+def clear_caches() -> None:
+    """Empty adaptive eager's plan cache and kernel cache: the next windows plan and build
+    their kernels afresh, as in a new process."""
+    sink = _adaptive_sink()
+    sink.plan_cache.clear()
+    sink.kernel_cache.clear()

@@ -23,7 +23,6 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import adaptive_eager  # noqa: E402
-from adaptive_eager.mode import _adaptive_sink  # noqa: E402
 from adaptive_eager.window import WindowPolicy  # noqa: E402
 from bench.workloads import apply_rotary_pos_emb  # noqa: E402
 
@@ -94,15 +93,12 @@ def _pass(run) -> dict:
 
 def measure() -> list[dict]:
     adaptive_eager.enable()
-    sink = _adaptive_sink()
-    policy = sink.policy
-    saved = (policy.min_ops, policy.max_ops, policy.on_chip_bytes)
-    policy.min_ops = policy.max_ops = 10**6  # one window per pass: flushed at its sync point
     rows = []
-    try:
+    # one window per pass: flushed at its sync point
+    with adaptive_eager.window_policy(min_ops=10**6, max_ops=10**6) as policy:
         for rule, on_chip in (("loop rules", 0), ("on-chip rule", WindowPolicy().on_chip_bytes)):
             policy.on_chip_bytes = on_chip
-            sink.plan_cache.clear()
+            adaptive_eager.clear_caches()
             for form in FORMS:
                 x = torch.randn(4, 8, 32, generator=torch.Generator().manual_seed(1)).to("neuron").requires_grad_(True)
                 forward = _pass(lambda: (form(x) ** 2).sum())
@@ -110,9 +106,7 @@ def measure() -> list[dict]:
                 rows.append({"form": form.__name__, "rules": rule, "forward_ops": forward["ops"],
                              "forward_launches": forward["launches"], "patterns": forward["patterns"],
                              "backward_ops": backward["ops"], "backward_launches": backward["launches"]})
-    finally:
-        policy.min_ops, policy.max_ops, policy.on_chip_bytes = saved
-        sink.plan_cache.clear()
+    adaptive_eager.clear_caches()
     return rows
 
 

@@ -48,19 +48,13 @@ def strict_mode():
 def windows_at_sync_points(**policy_fields):
     """The body of a fixture (``yield from`` it): adaptive eager with its window flushed
     only at sync points, so each synchronized region is one window; ``policy_fields`` set
-    more of ``WindowPolicy``. Plan and kernel caches start empty. The whole policy (tests
-    may change more of it) and the caches are restored or emptied afterwards."""
-    from adaptive_eager.mode import _adaptive_sink
-
-    sink = _adaptive_sink()
-    saved = dict(vars(sink.policy))
-    vars(sink.policy).update(min_ops=10**6, max_ops=10**6, **policy_fields)
-    sink.plan_cache.clear()
-    sink.kernel_cache.clear()
-    yield
-    vars(sink.policy).update(saved)
-    sink.plan_cache.clear()
-    sink.kernel_cache.clear()
+    more of the window policy. Yields the live policy: the whole of it (tests may change
+    more fields) is restored afterwards, and the plan and kernel caches start and end
+    empty."""
+    adaptive_eager.clear_caches()
+    with adaptive_eager.window_policy(min_ops=10**6, max_ops=10**6, **policy_fields) as policy:
+        yield policy
+    adaptive_eager.clear_caches()
 
 
 @pytest.fixture

@@ -151,11 +151,8 @@ def test_random_programs_agree_on_cpu_strict_and_adaptive(program, shapes, seed)
 
 
 def test_same_program_same_plan_same_names_same_statistics():
-    from adaptive_eager.mode import _adaptive_sink
-
     def run():
-        _adaptive_sink().plan_cache.clear()
-        _adaptive_sink().kernel_cache.clear()
+        adaptive_eager.clear_caches()
         adaptive_eager.reset_stats()
         with adaptive_eager.mode(True):
             torch.manual_seed(0)

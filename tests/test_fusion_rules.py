@@ -10,12 +10,11 @@ import torch.nn.functional as F
 
 import adaptive_eager
 from adaptive_eager.fusion.graph import would_create_cycle
-from adaptive_eager.mode import _adaptive_sink
 from conftest import assert_same, windows_at_sync_points
 
 
 @pytest.fixture(autouse=True)
-def one_window(adaptive_mode):
+def policy(adaptive_mode):
     """Adaptive eager, with the window flushed only at sync points: each test's ops form
     one window, so its kernel count depends on the fusion rules alone. The loop rules are
     tested on their own (on-chip fusion off), the on-chip rule at the end."""
@@ -244,7 +243,7 @@ def test_refusals_are_logged_at_debug(caplog):
     da, dw = device(a, w)
     with caplog.at_level(logging.DEBUG, logger="adaptive_eager.fusion"):
         adaptive_eager.reset_stats()
-        _adaptive_sink().plan_cache.clear()
+        adaptive_eager.clear_caches()
         ((da * 2) @ dw).cpu()
     assert any("a matmul takes no prologue" in message for message in caplog.messages)
 
@@ -255,7 +254,7 @@ def test_refusals_are_logged_at_debug(caplog):
 def test_plan_and_kernel_caches_hit_on_repeated_windows():
     x = torch.randn(8)
     (d,) = device(x)
-    _adaptive_sink().plan_cache.clear()
+    adaptive_eager.clear_caches()
     adaptive_eager.reset_stats()
     for _ in range(5):
         ((d * 2 + 1).relu()).cpu()
@@ -279,8 +278,7 @@ def test_failed_fused_kernel_names_the_exact_op_and_becomes_unfusable():
     assert "marked unfusable after a failure" in stats["refusals"]
 
 
-def test_window_full_stream_change_and_queue_shallow_flushes():
-    policy = _adaptive_sink().policy
+def test_window_full_stream_change_and_queue_shallow_flushes(policy):
     x = torch.randn(8)
     (d,) = device(x)
     policy.max_ops = 4
@@ -304,8 +302,7 @@ def test_window_full_stream_change_and_queue_shallow_flushes():
 # -- the on-chip rule ---------------------------------------------------------------------
 
 
-def test_small_working_set_fuses_across_anchors_on_chip():
-    policy = _adaptive_sink().policy
+def test_small_working_set_fuses_across_anchors_on_chip(policy):
     policy.on_chip_bytes = 24 << 20  # one NeuronCore's SBUF
     x, w = torch.randn(1, 32), torch.randn(32, 32)
     dx, dw = device(x, w)
@@ -316,8 +313,7 @@ def test_small_working_set_fuses_across_anchors_on_chip():
     assert kernels() == (1, ["native_layer_norm|mm|_softmax|mm"])
 
 
-def test_large_working_set_keeps_the_loop_rules():
-    policy = _adaptive_sink().policy
+def test_large_working_set_keeps_the_loop_rules(policy):
     policy.on_chip_bytes = 24 << 20
     x, w = torch.randn(2048, 1024), torch.randn(1024, 1024)  # 8 MiB + 4 MiB + 8 MiB outputs
     dx, dw = device(x, w)

@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 
 import adaptive_eager
-from adaptive_eager.mode import _adaptive_sink
 from conftest import assert_same, windows_at_sync_points
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -19,7 +18,7 @@ from bench.workloads import LlamaRMSNorm, apply_rotary_pos_emb, rotate_half  # n
 
 
 @pytest.fixture(autouse=True)
-def one_window(adaptive_mode):
+def policy(adaptive_mode):
     """One window per test, flushed at the sync point; the on-chip rule off, so the only
     fusion that crosses anchors is the pattern's."""
     yield from windows_at_sync_points(on_chip_bytes=0, patterns=True)
@@ -200,8 +199,8 @@ def test_gelu_with_other_constants_runs_op_by_op():
     assert_same(almost_gelu(d, 0.5), almost_gelu(x, 0.5), rtol=1e-6, atol=1e-6)
 
 
-def test_patterns_can_be_switched_off():
-    _adaptive_sink().policy.patterns = False
+def test_patterns_can_be_switched_off(policy):
+    policy.patterns = False
     x = torch.randn(8, 32)
     (d,) = on_device(x)
     assert_same(softmax_by_hand(d), softmax_by_hand(x))
@@ -241,10 +240,10 @@ def test_rms_norm_not_matched_when_the_variance_escapes():
     assert_same(variance, x.pow(2).mean(-1, keepdim=True))
 
 
-def test_library_kernel_joins_its_neighbours_under_the_on_chip_rule():
+def test_library_kernel_joins_its_neighbours_under_the_on_chip_rule(policy):
     """A matched chain is one unit inside a larger kernel when the working set fits on
     chip: the pattern still counts, and the launch count does not grow."""
-    _adaptive_sink().policy.on_chip_bytes = 24 << 20
+    policy.on_chip_bytes = 24 << 20
     torch.manual_seed(0)
     norm = LlamaRMSNorm(32)
     device_norm = LlamaRMSNorm(32).to("neuron")
@@ -258,8 +257,8 @@ def test_library_kernel_joins_its_neighbours_under_the_on_chip_rule():
     assert kernel_names() == ["mm|rms_norm(pow|mean|add|rsqrt|mul|mul)|mm"]
 
 
-def test_built_kernel_runs_its_library_kernels():
-    _adaptive_sink().policy.on_chip_bytes = 24 << 20
+def test_built_kernel_runs_its_library_kernels(policy):
+    policy.on_chip_bytes = 24 << 20
     torch.manual_seed(0)
     norm = LlamaRMSNorm(32)
     device_norm = LlamaRMSNorm(32).to("neuron")
@@ -457,13 +456,13 @@ def test_decoder_blocks_written_as_hugging_face_writes_them(name):
     lambda ps, fe: torch.optim.Adam(ps, lr=1e-2, amsgrad=True, maximize=True, foreach=fe),
     lambda ps, fe: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, nesterov=True, weight_decay=0.01, foreach=fe),
 ], ids=["adamw", "adam_amsgrad_maximize", "sgd_nesterov"])
-def test_optimizer_step_over_all_parameters_is_one_launch(make, foreach):
+def test_optimizer_step_over_all_parameters_is_one_launch(make, foreach, policy):
     """Every parameter's update in one multi-tensor launch: the foreach chain fused, or
     the single-tensor chains fused horizontally. The optimizer's own ops run, so bias
     correction, weight decay, maximize and amsgrad are its own: exact against the CPU.
     (Multi-tensor ops are opaque to the loop rules: the on-chip rule, on by default,
     fuses them.)"""
-    _adaptive_sink().policy.on_chip_bytes = 24 << 20
+    policy.on_chip_bytes = 24 << 20
     generator = torch.Generator().manual_seed(0)
     shapes = [(8, 4), (4,), (3, 5), (16,)]
     params = [torch.nn.Parameter(torch.randn(*s, generator=generator)) for s in shapes]

@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 
 import adaptive_eager
-from adaptive_eager.mode import _adaptive_sink
 
 pytestmark = pytest.mark.usefixtures("any_mode")
 # the library kernels (gelu, rms_norm) round differently from the chains they replace
@@ -63,11 +62,8 @@ def instant_device(monkeypatch):
 @pytest.fixture
 def small_windows():
     """Windows of a block or two, so flushes interleave with the worker's runs."""
-    sink = _adaptive_sink()
-    saved = (sink.policy.min_ops, sink.policy.max_ops)
-    sink.policy.min_ops, sink.policy.max_ops = 24, 48
-    yield
-    sink.policy.min_ops, sink.policy.max_ops = saved
+    with adaptive_eager.window_policy(min_ops=24, max_ops=48):
+        yield
 
 
 def _block(x, w, scale):
@@ -122,13 +118,10 @@ def no_library_kernels():
     """Generic fusion only: results then equal the CPU's bit for bit (a library kernel
     rounds differently, and which chains match depends on how two threads' ops interleave
     in a window), so any race shows as a difference."""
-    sink = _adaptive_sink()
-    saved = sink.policy.patterns
-    sink.policy.patterns = False
-    sink.plan_cache.clear()  # plans made with library kernels would be reused
-    yield
-    sink.policy.patterns = saved
-    sink.plan_cache.clear()
+    adaptive_eager.clear_caches()  # plans made with library kernels would be reused
+    with adaptive_eager.window_policy(patterns=False):
+        yield
+    adaptive_eager.clear_caches()
 
 
 def test_two_threads_issuing_ops_at_once(fast_switching, small_windows, doorbell_every_launch, no_library_kernels):
