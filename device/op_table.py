@@ -59,6 +59,8 @@ _ALLOCATIONS = {aten.empty.memory_format, aten.empty_strided.default, aten.new_e
 LIKE_FILLS = {aten.zeros_like.default: (aten.zero_.default, lambda args: ()),
               aten.ones_like.default: (aten.fill_.Scalar, lambda args: (1,)),
               aten.full_like.default: (aten.fill_.Scalar, lambda args: (args[1],))}
+_CHECKED_ON_CPU = {aten._softmax.default, aten.smooth_l1_loss.default, aten.celu.default, aten.celu_.default,
+                   aten.rrelu_with_noise.default, aten.rrelu_with_noise_.default}
 _COPY_OPS = {aten.copy_.default, aten._to_copy.default, aten._copy_from.default, aten._copy_from_and_resize.default}
 # Host reads the schema does not tag as data-dependent.
 _HOST_READS = {aten.is_nonzero.default, aten._local_scalar_dense.default}
@@ -73,7 +75,7 @@ class OpEntry:
 
     __slots__ = (
         "op", "kind", "name", "mutated", "return_alias", "generator_arg", "random",
-        "scalar_values_matter", "allocation", "rewrite", "host_random", "composite", "layout_arg", "serial",
+        "scalar_values_matter", "checked_on_cpu", "allocation", "rewrite", "host_random", "composite", "layout_arg", "serial",
     )
 
     def __init__(self, op) -> None:
@@ -110,11 +112,25 @@ class OpEntry:
         base_name = self.name.split("::")[-1]
         only_mutates = bool(self.return_alias) and all(alias is not None for alias in self.return_alias)
         writes_out = any(argument.is_out for argument in schema.arguments)
-        self.scalar_values_matter = not (
+        # Random ops key their values too: their argument checks (a negative std,
+        # ``from > to``) depend on them, and a sampler's arguments rarely change.
+        # The others key a float's sign (``float_class``), which the CPU's checks of
+        # pointwise arguments depend on (CELU's alpha of 0).
+        self.scalar_values_matter = self.random or not (
             torch.Tag.pointwise in tags
             or base_name.startswith(("_foreach_", "_fused_"))
             or (only_mutates and not writes_out)
             or (not schema.returns and self.mutated and not writes_out)
+        )
+        # Ops whose meta kernels skip argument checks the CPU makes (pointwise ops'
+        # in-place casts and scalar checks, samplers' bounds, softmax's dim): a new
+        # signature is also tried on one-element CPU tensors (``shapes.check_on_cpu``), so
+        # the CPU's error raises at the call. Such tensors are valid inputs of these ops
+        # whatever the real shapes (they broadcast).
+        self.checked_on_cpu = (
+            torch.Tag.pointwise in tags
+            or (self.random and only_mutates and not writes_out)
+            or op in _CHECKED_ON_CPU
         )
         self.serial = next(_SERIALS)  # stands for the op in cache keys (an int: no GC tracking)
         self.allocation = op in _ALLOCATIONS
@@ -186,5 +202,7 @@ def op_entry(op) -> OpEntry:
                 entry.host_random = True
             elif rewrite is not None:
                 entry.rewrite = op_entry(rewrite)
+                if entry.random and rewrite._schema.name != entry.name:  # neuron::native_dropout's p
+                    entry.rewrite.checked_on_cpu = True
         _ENTRIES[op] = entry
     return entry

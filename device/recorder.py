@@ -40,11 +40,15 @@ aten = torch.ops.aten
 CPU = torch.device("cpu")
 _Tensor = torch.Tensor
 _SCALARS = (int, float, bool)
+_default_dtype = torch.get_default_dtype
 
 # Ops that may take CPU tensors of any rank beside neuron ones, as CUDA's indexing does
 # (``_to_copy`` of a host tensor is an upload, ``host_ops._upload``).
 _HOST_TENSORS_OK = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default,
-                    aten._index_put_impl_.default, aten.copy_.default, aten._to_copy.default}
+                    aten._index_put_impl_.default, aten.copy_.default, aten._to_copy.default,
+                    # a CPU index in index_fill (issue 19: PyTorch's suites pass one)
+                    aten.index_fill.int_Tensor, aten.index_fill.int_Scalar,
+                    aten.index_fill_.int_Tensor, aten.index_fill_.int_Scalar}
 
 
 class DeviceMismatchError(RuntimeError):
@@ -93,6 +97,8 @@ def _convert(entry, value, key, reads):
         key.append(kind)
         if kind is not float or entry.scalar_values_matter:
             key.append(value)
+        else:
+            key.append(float_class(value))
         return value
     if isinstance(value, _Tensor):
         if value.device.type == "neuron":  # a neuron tensor of no storage (FakeTensor's own)
@@ -112,6 +118,14 @@ def _convert(entry, value, key, reads):
     return value
 
 
+def float_class(value: float) -> int:
+    """What a signature keeps of a float whose value cannot change output metadata: its
+    sign (0, 1, -1; 2 for NaN), which the CPU's argument checks depend on (CELU's alpha
+    must not be 0, smooth L1's beta must not be negative), so a cached signature never
+    lets a value the CPU refuses through (``shapes.check_on_cpu`` runs on a miss)."""
+    return 1 if value > 0.0 else -1 if value < 0.0 else 0 if value == 0.0 else 2
+
+
 def invalid_ordinal(device) -> RuntimeError:
     """``neuron:1`` on a machine with one neuron device: raise as CUDA does."""
     return users_error(RuntimeError(
@@ -126,7 +140,7 @@ def _is_device(value) -> bool:
 def _record_call(entry, args, kwargs):
     """Convert the call: (key parts, reference args, reference kwargs, storages read,
     whether an argument needs more than a storage lookup to resolve)."""
-    key = [entry.serial]
+    key = [entry.serial, _default_dtype()]  # int division, factories: the default dtype decides
     reads = []
     refs = []
     nested = False
@@ -257,10 +271,17 @@ def _explicit_generator(kwargs) -> bool:
 
 
 def _resize_outputs(resized, args, kwargs):
-    """``out=`` tensors of the wrong shape get a fresh storage of the right one, as ATen
-    resizes them (growing from empty is the common case: ``torch.arange(n, out=...)``)."""
+    """``out=`` tensors of the wrong shape are resized as ATen's ``resize_`` does: new
+    contiguous metadata over the same storage at the same offset when it is large
+    enough (so a view written through still writes its base), else a fresh storage of
+    the right size (growing from empty is the common case: ``torch.arange(n, out=...)``)."""
     for index, name, spec in resized:
         tensor = args[index] if index < len(args) else kwargs[name]
+        offset = tensor.storage_offset()
+        needed = (storage_nbytes(spec.shape, spec.stride, 1) + offset) * tensor.element_size()
+        if spec.dtype == tensor.dtype and tensor.untyped_storage().nbytes() >= needed:
+            set_metadata(tensor, tensor.untyped_storage(), offset, spec.shape, spec.stride)
+            continue
         storage = DeviceStorage(spec.shape, spec.stride, spec.dtype, spec.nbytes)
         fresh = device_tensor(spec.shape, spec.stride, spec.dtype, storage, spec.nbytes)
         set_metadata(tensor, fresh.untyped_storage(), 0, spec.shape, spec.stride)

@@ -142,6 +142,7 @@ META_OVERRIDES = {
         _aten._native_batch_norm_legit_no_training.default,
         _aten._embedding_bag.default,
         _aten._embedding_bag_forward_only.default,
+        _aten.multi_margin_loss.default,  # 1-D input, reduction="none": the meta kernel says (1,), the CPU ()
         _aten.multi_margin_loss_backward.default,
         _aten.multilabel_margin_loss_backward.default,
         _aten.fractional_max_pool3d_backward.default,
@@ -160,12 +161,29 @@ def _probe_bin_edges(op, meta_args, meta_kwargs):
     return _probe_on_cpu(op, meta_args, meta_kwargs, increasing=(1,))
 
 
+def _out_keeps_its_shape(op, meta_args, meta_kwargs):
+    """linspace/logspace with ``out=``: the CPU kernel resizes ``out`` only when its
+    number of elements is not ``steps`` (a (2, 2) view takes 4 steps in place, written
+    through to its base), where the meta kernel resizes it to (steps,) whenever the shape
+    differs."""
+    out, steps = meta_kwargs["out"], meta_args[2]
+    if out.numel() != steps:
+        return op(*meta_args, **meta_kwargs)
+    op(*meta_args, **dict(meta_kwargs, out=torch.empty(steps, dtype=out.dtype, device="meta")))  # its checks
+    return out
+
+
 def _like_first_input(op, meta_args, meta_kwargs):
     """Random ops with no meta kernel whose output is shaped like their first input: a
     CPU probe would draw from the CPU's generator on the host."""
     return torch.empty_like(meta_args[0])
 
 
+META_OVERRIDES.update({
+    overload: _out_keeps_its_shape
+    for packet in (_aten.linspace, _aten.logspace)
+    for overload in (getattr(packet, name) for name in packet.overloads() if name.endswith("out"))
+})
 META_OVERRIDES[_aten.binomial.default] = _like_first_input
 META_OVERRIDES[_aten._sample_dirichlet.default] = _like_first_input
 META_OVERRIDES[_aten.histogram.bins_tensor] = _probe_bin_edges
@@ -180,6 +198,33 @@ META_OVERRIDES.update({
         _aten._native_batch_norm_legit_functional.default,
     )
 })
+
+
+def check_on_cpu(entry, meta_args, meta_kwargs) -> None:
+    """Try the op on one-element CPU tensors of ones, of the arguments' ranks and dtypes
+    (they broadcast with anything; zeros would divide by zero): the argument
+    checks the meta kernel skips (an in-place cast the CPU refuses, ``uniform_(2, 1)``,
+    softmax's dim) raise :class:`MetaRejected` as a rejection by the meta kernel does, so
+    the dispatcher runs the op on the CPU, which raises its own error at the call. A
+    sampler draws from a throwaway generator."""
+
+    def empty(value):
+        if isinstance(value, torch.Tensor):
+            return torch.ones((1,) * value.dim(), dtype=value.dtype)
+        if isinstance(value, (list, tuple)):
+            return type(value)(empty(v) for v in value)
+        if isinstance(value, torch.device):
+            return torch.device("cpu")
+        return value
+
+    kwargs = {k: empty(v) for k, v in meta_kwargs.items()}
+    if entry.generator_arg is not None:
+        kwargs[entry.generator_arg] = torch.Generator()
+    try:
+        with _disable_current_modes():
+            entry.op(*empty(list(meta_args)), **kwargs)
+    except Exception as error:  # noqa: BLE001 - the CPU refuses these arguments
+        raise MetaRejected(error) from error
 
 
 def _to_meta(value):
@@ -228,6 +273,8 @@ def infer(entry, args, kwargs, is_device=lambda value: False) -> Inference | str
         if "meta" in str(error).lower() and "not implemented" in str(error).lower():
             return NO_META
         raise MetaRejected(error) from error
+    if entry.checked_on_cpu:
+        check_on_cpu(entry, meta_args, meta_kwargs)
 
     if isinstance(result, torch.Tensor):
         structure, values = "tensor", (result,)
