@@ -48,6 +48,7 @@ from adaptive_eager_device.config import CONFIG
 from adaptive_eager_device.location import SourceLocation, is_internal, register_generated_code
 from adaptive_eager_device.metrics import COUNTERS
 from . import replay
+from .host_split import split_host_part
 from .reinplace import inputs_distinct, reinplace_input_mutations
 from .statistics import COMPILED
 from .window import AdaptiveSink, WindowPolicy
@@ -103,7 +104,11 @@ class GraphRunner:
         self.entry["inputs_written_in_place"] = len(written)
         self.gm = gm
         self.as_traced = torch.fx.GraphModule(gm, traced_graph) if written else gm
-        for module in {id(m): m for m in (self.gm, self.as_traced)}.values():
+        # the host part split off (an optimizer's CPU step counters), so the rest replays
+        self.split = split_host_part(gm)
+        self.entry["host_values_split_off"] = self.split.hoisted if self.split else 0
+        modules = (self.gm, self.as_traced) + ((self.split.device,) if self.split else ())
+        for module in {id(m): m for m in modules}.values():
             _LazyGraphModule.force_recompile(module)  # its code now, so that its file name is known
             register_generated_code(module.forward.__code__.co_filename, _node_locator(module))
         # input signature -> Template, or the reason its calls run the FX code
@@ -111,7 +116,12 @@ class GraphRunner:
 
     def __call__(self, args: list):
         key, storages = (None, None)
+        gm = None
         if CONFIG.compiled_replay:
+            split = self.split
+            if split is not None and (not self.written_inputs or inputs_distinct(args, self.written_inputs)):
+                args.extend(split.host(*args))  # the host part first: the device part takes its values
+                gm = split.device
             key, storages = replay.input_signature(args)
             if storages is not None:
                 template = self.templates.get(key)
@@ -130,20 +140,22 @@ class GraphRunner:
         recording = None
         if storages is not None and key not in self.templates and _replay_refused() is None:
             recording = replay.Recording(args, storages)
-        return self._run(args, recording, key)
+        return self._run(args, recording, key, gm)
 
-    def _run(self, args: list, recording, key):
-        """The FX code: every op through the per-op path into the window, one flush."""
+    def _run(self, args: list, recording, key, gm=None):
+        """The FX code (``gm``: the graph's, or its device part): every op through the
+        per-op path into the window, one flush."""
         previous = _sync.current_sink()
         _sync.set_sink(self.sink)  # flushes the eager window first
         launched = COUNTERS.kernels_launched
         recorded = COUNTERS.ops_recorded
-        gm = self.gm
-        if self.written_inputs and not inputs_distinct(args, self.written_inputs):
-            gm = self.as_traced
-            if recording is not None:
-                self.templates[key] = "mutated inputs alias: the graph as traced runs"
-                recording = None
+        if gm is None:  # (a split's written inputs are distinct: checked before its host part ran)
+            gm = self.gm
+            if self.written_inputs and not inputs_distinct(args, self.written_inputs):
+                gm = self.as_traced
+                if recording is not None:
+                    self.templates[key] = "mutated inputs alias: the graph as traced runs"
+                    recording = None
         args_after = None
         self.sink.recording = recording
         if recording is not None:
@@ -164,15 +176,15 @@ class GraphRunner:
             entry["ops"] += COUNTERS.ops_recorded - recorded
             entry["launches"] += COUNTERS.kernels_launched - launched
         if recording is not None:
-            self._keep(recording, outputs, args_after, key)
+            self._keep(recording, outputs, args_after, key, gm)
         return outputs
 
-    def _keep(self, recording, outputs, args_after, key) -> None:
+    def _keep(self, recording, outputs, args_after, key, gm) -> None:
         """Make the recorded call a template, or note why its signature cannot replay."""
         try:
             if args_after is None:
                 raise replay.NotReplayable("the call changed an input's metadata")
-            self.templates[key] = replay.Template(recording, outputs, args_after, self.gm)
+            self.templates[key] = replay.Template(recording, outputs, args_after, gm)
         except replay.NotReplayable as reason:
             self.templates[key] = str(reason)
         self.entry["replay_signatures"] = sum(type(t) is replay.Template for t in self.templates.values())

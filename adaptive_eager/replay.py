@@ -24,7 +24,8 @@ failing kernel names the user's line through the record's FX location, as record
 
 Calls the template cannot stand for run the FX code again, and the reason is counted
 (``stats()["compiled"]["replay_fallbacks"]``): a call that synced, fell back to the CPU,
-drew random numbers, took or returned host tensors, changed an input's metadata, or ran
+drew random numbers, returned host tensors or computed host tensors it could not split
+off (``host_split.py``), changed an input's metadata, or ran
 the graph as traced because mutated inputs alias; ``NEURON_LAUNCH_BLOCKING`` (each op waits
 for the device, and raises inside the call) and the profiler (which records each aten
 call) always run the FX code. Fault injection replays: faults strike on the device worker.
