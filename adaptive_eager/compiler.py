@@ -45,6 +45,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from adaptive_eager_device import recorder
 from adaptive_eager_device import sync as _sync
 from adaptive_eager_device.config import CONFIG
+from adaptive_eager_device.queue import HOST_LOCK
 from adaptive_eager_device.location import SourceLocation, is_internal, register_generated_code
 from adaptive_eager_device.metrics import COUNTERS
 from . import replay
@@ -54,6 +55,7 @@ from .statistics import COMPILED
 from .window import AdaptiveSink, WindowPolicy
 
 _GRAPH_IDS = itertools.count()
+_MAX_SIGNATURES = 32  # templates (or refusals) kept per graph
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
 
 
@@ -187,6 +189,8 @@ class GraphRunner:
             self.templates[key] = replay.Template(recording, outputs, args_after, gm)
         except replay.NotReplayable as reason:
             self.templates[key] = str(reason)
+        if len(self.templates) > _MAX_SIGNATURES:  # a graph of symbolic shapes meets many
+            del self.templates[next(iter(self.templates))]  # the oldest
         self.entry["replay_signatures"] = sum(type(t) is replay.Template for t in self.templates.values())
 
     def _replay(self, template, args: list, storages):
@@ -202,11 +206,12 @@ class GraphRunner:
         try:
             outputs = template.outputs_for(args, table, bases)
             bases = None
-            self.sink.records = template.issue(table)
-            table = None
-            args.clear()
+            with HOST_LOCK:  # one issue order, as the per-op path issues under it
+                self.sink.records = template.issue(table)
+                table = None
+                args.clear()
+                self.sink.flush("graph")
         finally:
-            self.sink.flush("graph")
             _sync.set_sink(previous)
         entry = self.entry
         entry["calls"] += 1

@@ -142,10 +142,7 @@ class Template:
                 index[storage] = len(self.slots)
                 self.slots.append(("input", k))
         host_inputs = {id(value): k for k, value in enumerate(recording.host_inputs) if value is not None}
-        host_slots: dict = {}
-        for k in host_inputs.values():
-            host_slots[k] = len(self.slots)
-            self.slots.append(("host", k))
+        host_slots: dict = {}  # host input -> its slot, made when a record reads it
         constants = {storage_of(t) for t in _constants(gm)}
         output_storages = _output_storages(outputs)
         produced = {s for record in records for s in record.results if s is not None}
@@ -172,7 +169,11 @@ class Template:
             original = recording.snapshots.get(id(snapshot))
             k = host_inputs.get(id(original))
             if k is not None:
-                return _Slot(host_slots[k])
+                number = host_slots.get(k)
+                if number is None:
+                    number = host_slots[k] = len(self.slots)
+                    self.slots.append(("host", k))
+                return _Slot(number)
             if host_inputs:
                 raise NotReplayable("a host tensor the graph computed on the host")
             return snapshot
