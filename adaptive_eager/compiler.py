@@ -42,15 +42,21 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
+from adaptive_eager_device import recorder
 from adaptive_eager_device import sync as _sync
+from adaptive_eager_device.config import CONFIG
+from adaptive_eager_device.queue import HOST_LOCK
 from adaptive_eager_device.location import SourceLocation, is_internal, register_generated_code
 from adaptive_eager_device.metrics import COUNTERS
 from adaptive_eager_device.reasons import Flush
+from . import replay
+from .host_split import split_host_part
 from .reinplace import inputs_distinct, reinplace_input_mutations
 from .statistics import COMPILED
 from .window import AdaptiveSink, WindowPolicy
 
 _GRAPH_IDS = itertools.count()
+_MAX_SIGNATURES = 32  # templates (or refusals) kept per graph
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
 
 
@@ -62,14 +68,34 @@ class _WholeGraph(WindowPolicy):
         self.max_ops = self.min_ops = sys.maxsize
 
 
+class _GraphSink(AdaptiveSink):
+    """A compiled graph's window. While a call is recorded (``recording``), it notes
+    early flushes and keeps the records of the one "graph" flush (``replay.py``)."""
+
+    def __init__(self) -> None:
+        super().__init__(_WholeGraph(), name="compiled", shared_caches=False)
+        self.recording = None
+
+    def flush(self, reason: str) -> None:
+        recording = self.recording
+        if recording is not None:
+            if reason == "graph":
+                recording.capture(self.records)
+            else:
+                recording.early_flushes += 1
+        super().flush(reason)
+
+
 class GraphRunner:
     """One AOTAutograd graph (forward or backward) on the device: its own graph-sized
-    window, plan cache and kernel cache. Called boxed (a list of inputs, which it frees)."""
+    window, plan cache and kernel cache. Called boxed (a list of inputs, which it frees).
+    A call whose input signature has a template replays it (``replay.py``) instead of
+    running the FX code."""
 
     def __init__(self, gm: torch.fx.GraphModule, kind: str) -> None:
         self._boxed_call = True  # an instance attribute: the wrappers AOTAutograd adds copy it
         self.kind = kind
-        self.sink = AdaptiveSink(_WholeGraph(), name="compiled", shared_caches=False)
+        self.sink = _GraphSink()
         self.entry = COMPILED.graph(next(_GRAPH_IDS), kind, sum(1 for n in gm.graph.nodes if n.op == "call_function"),
                                     {"plan_cache": self.sink.plan_cache, "kernel_cache": self.sink.kernel_cache})
         # Input mutations back in place (reinplace.py); the graph as traced stays for a
@@ -81,29 +107,133 @@ class GraphRunner:
         self.entry["inputs_written_in_place"] = len(written)
         self.gm = gm
         self.as_traced = torch.fx.GraphModule(gm, traced_graph) if written else gm
-        for module in {id(m): m for m in (self.gm, self.as_traced)}.values():
+        # the host part split off (an optimizer's CPU step counters), so the rest replays
+        self.split = split_host_part(gm)
+        self.entry["host_values_split_off"] = self.split.hoisted if self.split else 0
+        modules = (self.gm, self.as_traced) + ((self.split.device,) if self.split else ())
+        for module in {id(m): m for m in modules}.values():
             _LazyGraphModule.force_recompile(module)  # its code now, so that its file name is known
             register_generated_code(module.forward.__code__.co_filename, _node_locator(module))
+        # input signature -> Template, or the reason its calls run the FX code
+        self.templates: dict = {}
 
     def __call__(self, args: list):
+        key, storages = (None, None)
+        gm = None
+        if CONFIG.compiled_replay:
+            split = self.split
+            if split is not None and (not self.written_inputs or inputs_distinct(args, self.written_inputs)):
+                args.extend(split.host(*args))  # the host part first: the device part takes its values
+                gm = split.device
+            key, storages = replay.input_signature(args)
+            if storages is not None:
+                template = self.templates.get(key)
+                if type(template) is replay.Template:
+                    reason = _replay_refused()
+                    if reason is None:
+                        outputs = self._replay(template, args, storages)
+                        if outputs is not None:
+                            return outputs
+                        reason = "out of memory: the FX code raises at the op"
+                    self._fell_back(reason)
+                elif template is not None:
+                    self._fell_back(template)
+            else:
+                self._fell_back(key)
+        recording = None
+        if storages is not None and key not in self.templates and _replay_refused() is None:
+            recording = replay.Recording(args, storages)
+        return self._run(args, recording, key, gm)
+
+    def _run(self, args: list, recording, key, gm=None):
+        """The FX code (``gm``: the graph's, or its device part): every op through the
+        per-op path into the window, one flush."""
         previous = _sync.current_sink()
         _sync.set_sink(self.sink)  # flushes the eager window first
         launched = COUNTERS.kernels_launched
         recorded = COUNTERS.ops_recorded
-        gm = self.gm
-        if self.written_inputs and not inputs_distinct(args, self.written_inputs):
-            gm = self.as_traced
+        if gm is None:  # (a split's written inputs are distinct: checked before its host part ran)
+            gm = self.gm
+            if self.written_inputs and not inputs_distinct(args, self.written_inputs):
+                gm = self.as_traced
+                if recording is not None:
+                    self.templates[key] = "mutated inputs alias: the graph as traced runs"
+                    recording = None
+        args_after = None
+        self.sink.recording = recording
+        if recording is not None:
+            recorder.HOST_SNAPSHOTS = recording.snapshots
         try:
             outputs = gm(*args)
+            if recording is not None:
+                after, _ = replay.input_signature(args)
+                args_after = list(args) if after == key else None
             args.clear()
         finally:
+            recorder.HOST_SNAPSHOTS = None
             self.sink.flush(Flush.GRAPH)
+            self.sink.recording = None
             _sync.set_sink(previous)
             entry = self.entry
             entry["calls"] += 1
             entry["ops"] += COUNTERS.ops_recorded - recorded
             entry["launches"] += COUNTERS.kernels_launched - launched
+        if recording is not None:
+            self._keep(recording, outputs, args_after, key, gm)
         return outputs
+
+    def _keep(self, recording, outputs, args_after, key, gm) -> None:
+        """Make the recorded call a template, or note why its signature cannot replay."""
+        try:
+            if args_after is None:
+                raise replay.NotReplayable("the call changed an input's metadata")
+            self.templates[key] = replay.Template(recording, outputs, args_after, gm)
+        except replay.NotReplayable as reason:
+            self.templates[key] = str(reason)
+        if len(self.templates) > _MAX_SIGNATURES:  # a graph of symbolic shapes meets many
+            del self.templates[next(iter(self.templates))]  # the oldest
+        self.entry["replay_signatures"] = sum(type(t) is replay.Template for t in self.templates.values())
+
+    def _replay(self, template, args: list, storages):
+        """A call replayed from its template; None when its memory cannot be allocated (the
+        FX code then runs, and raises at the op, as eager does)."""
+        try:
+            table, bases = template.bind(args, storages)
+        except torch.OutOfMemoryError:
+            return None
+        previous = _sync.current_sink()
+        _sync.set_sink(self.sink)  # flushes the eager window first
+        launched = COUNTERS.kernels_launched
+        try:
+            outputs = template.outputs_for(args, table, bases)
+            bases = None
+            with HOST_LOCK:  # one issue order, as the per-op path issues under it
+                self.sink.records = template.issue(table)
+                table = None
+                args.clear()
+                self.sink.flush(Flush.GRAPH)
+        finally:
+            _sync.set_sink(previous)
+        entry = self.entry
+        entry["calls"] += 1
+        entry["replays"] += 1
+        entry["ops"] += template.ops
+        entry["replayed_ops"] += template.ops
+        entry["launches"] += COUNTERS.kernels_launched - launched
+        return outputs
+
+    def _fell_back(self, reason: str) -> None:
+        fallbacks = self.entry["replay_fallbacks"]
+        fallbacks[reason] = fallbacks.get(reason, 0) + 1
+
+
+def _replay_refused():
+    """Why no call can replay now (everything then runs the FX code), or None."""
+    if CONFIG.launch_blocking:
+        return "NEURON_LAUNCH_BLOCKING"
+    if torch.autograd.profiler._is_profiler_enabled:
+        return "the profiler records each aten call"
+    return None
 
 
 def _node_locator(gm: torch.fx.GraphModule):

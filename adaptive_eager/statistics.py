@@ -68,7 +68,9 @@ class CompiledCounters:
             self.recompiles.append(recompile_reason)
 
     def graph(self, graph_id: int, kind: str, nodes: int, caches: dict) -> dict:
-        entry = self.graphs[graph_id] = {"kind": kind, "nodes": nodes, "calls": 0, "ops": 0, "launches": 0}
+        entry = self.graphs[graph_id] = {"kind": kind, "nodes": nodes, "calls": 0, "ops": 0, "launches": 0,
+                                         "replays": 0, "replayed_ops": 0, "replay_fallbacks": {},
+                                         "replay_signatures": 0}
         self.caches[graph_id] = caches
         return entry
 
@@ -80,6 +82,9 @@ class CompiledCounters:
             "graph_calls": sum(g["calls"] for g in graphs),
             "ops": sum(g["ops"] for g in graphs),
             "launches": sum(g["launches"] for g in graphs),
+            "replays": sum(g["replays"] for g in graphs),
+            "replayed_ops": sum(g["replayed_ops"] for g in graphs),
+            "replay_fallbacks": dict(sum((Counter(g["replay_fallbacks"]) for g in graphs), Counter())),
             "graphs": {str(k): dict(v, **{name: cache.stats() for name, cache in self.caches[k].items()})
                        for k, v in self.graphs.items()},
         }
@@ -171,7 +176,7 @@ def reset_stats() -> None:
     FUSION.reset()
     FUSION.caches = caches
     for entry in COMPILED.graphs.values():  # graphs stay compiled; their counters restart
-        entry.update(calls=0, ops=0, launches=0)
+        entry.update(calls=0, ops=0, launches=0, replays=0, replayed_ops=0, replay_fallbacks={})
     for graph_caches in COMPILED.caches.values():
         for cache in graph_caches.values():
             cache.reset_counters()

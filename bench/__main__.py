@@ -53,7 +53,8 @@ def _fmt(value, digits=1):
 def summarize(results: dict) -> list[str]:
     header = (
         f"{'workload':<10}{'mode':<10}{'launches':>10}{'ops':>8}{'device us':>11}{'MiB moved':>11}"
-        f"{'host us/op':>12}{'wall ms':>10}{'x cpu':>8}{'max |diff|':>12}{'peak MiB':>10}"
+        f"{'host us/op':>12}{'host us/kern':>14}{'wall ms':>10}{'x cpu':>8}{'x cpu*':>8}{'max |diff|':>12}"
+        f"{'peak MiB':>10}"
     )
     lines = [header, "-" * len(header)]
     for workload, by_mode in results.items():
@@ -67,9 +68,13 @@ def summarize(results: dict) -> list[str]:
             lines.append(
                 f"{workload:<10}{mode:<10}{_fmt(r['launches_per_step'], 0):>10}{_fmt(r['ops_per_step'], 0):>8}"
                 f"{_fmt(r.get('device_time_us_per_step'), 0):>11}{_fmt(moved / (1 << 20) if moved else None, 2):>11}"
-                f"{_fmt(r['host_us_per_op'], 2):>12}{_fmt(r['wall_ms_per_step'], 2):>10}{_fmt(ratio, 2):>8}"
+                f"{_fmt(r['host_us_per_op'], 2):>12}{_fmt(r.get('host_us_per_kernel'), 1):>14}"
+                f"{_fmt(r['wall_ms_per_step'], 2):>10}{_fmt(ratio, 2):>8}{_fmt(r.get('wall_vs_cpu_eager'), 2):>8}"
                 f"{r['max_abs_diff']:>12.2e}{r['peak_memory_bytes'] / (1 << 20):>10.1f}"
             )
+    lines.append("")
+    lines.append("host us/kern: host CPU time per step / kernels launched per step (the device worker's excluded); "
+                 "x cpu*: median wall ratio to CPU eager steps interleaved in the same process")
     for mode, label in (("neuron-compiled", "neuron backend"), ("compile", "Inductor")):
         compiled = {w: m[mode].get("compile_seconds") for w, m in results.items() if mode in m}
         if any(compiled.values()):

@@ -18,6 +18,12 @@ How each figure is taken:
   divided by the ops of a step. Waiting for the device or for the GIL costs no CPU time.
   PyTorch runs with one intra-op thread in every mode (two cores: one for the host, one
   for the simulated device), so no thread pool hides in these figures;
+- host us per kernel (neuron modes): the same host CPU time per step divided by the
+  kernels launched per step: what the host pays for each launch (compiled mode's replay,
+  ``adaptive_eager/replay.py``, launches without per-op dispatch);
+- wall vs CPU eager (neuron modes): the median, over the timed steps, of each step's wall
+  time over the wall time of a CPU eager step run just before it in the same process
+  (interleaved, so the ratio holds when the shared machine's speed drifts);
 - ops per step: aten ops reaching the device (neuron modes) or run by CPU eager (counted
   once by a dispatch mode, outside the timed steps; views excluded in both; for
   ``compile``, the eager program's count);
@@ -91,10 +97,10 @@ def _worker_cpu_seconds() -> float:
 def measure(workload_name: str, mode: str, steps: int, warmup: int) -> dict:
     torch.set_num_threads(1)
     workload = WORKLOADS[workload_name]
-    reference = None
+    reference = cpu_step = None
     if mode != "cpu":
         cpu_step = workload.build("cpu")
-        for _ in range(warmup + steps):
+        for _ in range(warmup):
             reference = cpu_step()
     result: dict = {"workload": workload_name, "mode": mode}
     device = "neuron" if mode in ("strict", "adaptive", "neuron-compiled") else "cpu"
@@ -128,8 +134,12 @@ def measure(workload_name: str, mode: str, steps: int, warmup: int) -> dict:
 
         adaptive_eager.reset_stats()
         torch.neuron.reset_peak_memory_stats()
-    walls, cpus = [], []
+    walls, cpus, cpu_walls = [], [], []
     for _ in range(steps):
+        if cpu_step is not None:  # CPU eager interleaved: a ratio that holds when the machine's speed drifts
+            started = time.perf_counter()
+            reference = cpu_step()
+            cpu_walls.append(time.perf_counter() - started)
         started, cpu_started, worker_started = time.perf_counter(), time.process_time(), _worker_cpu_seconds()
         out = step()
         cpus.append((time.process_time() - cpu_started) - (_worker_cpu_seconds() - worker_started))
@@ -148,6 +158,9 @@ def measure(workload_name: str, mode: str, steps: int, warmup: int) -> dict:
             fused_kernels_per_step=stats["fused_kernels"] / steps,
             fallback_ops=stats["fallback_ops"],
             compiled_graph_calls_per_step=stats["compiled"]["graph_calls"] / steps,
+            compiled_replays_per_step=stats["compiled"]["replays"] / steps,
+            compiled_replay_fallbacks=stats["compiled"]["replay_fallbacks"],
+            host_us_per_kernel=statistics.median(cpus) / max(stats["kernels_launched"] / steps, 1) * 1e6,
             peak_memory_bytes=torch.neuron.max_memory_allocated(),
             peak_memory_kind="simulated device memory",
         )
@@ -164,6 +177,9 @@ def measure(workload_name: str, mode: str, steps: int, warmup: int) -> dict:
         result["peak_memory_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         result["peak_memory_kind"] = "process peak RSS"
     result["host_us_per_op"] = statistics.median(cpus) / max(ops, 1) * 1e6
+    if cpu_walls:
+        result["cpu_eager_wall_ms_per_step"] = statistics.median(cpu_walls) * 1000
+        result["wall_vs_cpu_eager"] = statistics.median(w / c for w, c in zip(walls, cpu_walls))
     if compile_seconds is not None:
         result["compile_seconds"] = compile_seconds
     if reference is not None:

@@ -75,6 +75,8 @@ VARIABLES = (
     ("NEURON_ADAPTIVE_SHALLOW_US", "shallow_us", _number(0, False), 20.0,
      "simulated device backlog at or below which the device counts as starved"),
     ("NEURON_ADAPTIVE_COMPILE", "build_kernels", _flag, True, "build hot fused kernels into one compiled function"),
+    ("NEURON_COMPILED_REPLAY", "compiled_replay", _flag, True,
+     "replay a compiled graph's recorded launches for calls of the same input signature"),
     ("NEURON_ADAPTIVE_ON_CHIP_MB", "on_chip_mb", _number(0, False), 24.0,
      "working set under which any ops may fuse (one NeuronCore's SBUF; 0 turns the rule off)"),
     ("NEURON_SIM_HOST_US", "host_us_per_op", _number(0, False), 5.0, "simulated host cost of issuing one op"),

@@ -65,12 +65,20 @@ def _mismatch(entry, tensor) -> DeviceMismatchError:
     ))
 
 
+# While a compiled graph's call is recorded (adaptive_eager/replay.py): id(snapshot) ->
+# the host tensor it was taken of, so that a replay takes it again of the new input.
+HOST_SNAPSHOTS = None
+
+
 def _host_tensor(entry, tensor, key):
     """A CPU tensor argument of a device op: CUDA's rule, 0-dim ones mix freely."""
     if tensor.dim() != 0 and entry.op not in _HOST_TENSORS_OK:
         raise _mismatch(entry, tensor)
     key.append(("host", tuple(tensor.shape), tensor.stride(), tensor.dtype))
-    return tensor.clone()  # the host may change it before the kernel runs
+    snapshot = tensor.clone()  # the host may change it before the kernel runs
+    if HOST_SNAPSHOTS is not None:
+        HOST_SNAPSHOTS[id(snapshot)] = tensor
+    return snapshot
 
 
 def _convert(entry, value, key, reads):

@@ -1,0 +1,382 @@
+"""Replaying a compiled graph's call without running its FX code: no per-op dispatch.
+
+Entry points: :func:`input_signature` (a call's inputs -> the key its replay is cached
+under), :class:`Recording` (watches the one call that records a template) and
+:class:`Template` (what that call did, replayed for later calls with the same signature).
+
+A compiled graph's first call with a given input signature (each input's shape, stride,
+dtype, offset and which inputs share storage; autocast's state) runs its FX code: every
+aten op goes through the device's per-op path (dispatch, shape inference, an
+``OpRecord``) into the graph-sized window, which is flushed once. That call is recorded
+as a *template*: every storage its ops touch becomes a *slot* (an input's storage, a
+constant the graph holds, or one the call allocates), each record keeps its op, arguments
+(storages as slots), cost, shape-inference key and FX location, and each output says how
+it is made (an input as it is, a tensor over an allocated slot, a view of one).
+
+A later call with the same signature skips the FX code: it allocates the slots afresh
+(memory booked as the per-op path books it), makes the outputs (the C++ ``empty``), binds
+the new storages into copies of the records (issue numbers, stream and simulated host
+time as if issued) and hands them to the same window's flush. So the flush is the
+ordinary one: the plan-cache key is rebuilt from the new storages (which outputs escape,
+whether written inputs are still referenced), the cached plan and kernels launch on the
+same queue with the same cost accounting, trace, statistics and failure rules, and a
+failing kernel names the user's line through the record's FX location, as recorded.
+
+Calls the template cannot stand for run the FX code again, and the reason is counted
+(``stats()["compiled"]["replay_fallbacks"]``): a call that synced, fell back to the CPU,
+drew random numbers, returned host tensors or computed host tensors it could not split
+off (``host_split.py``), changed an input's metadata, or ran
+the graph as traced because mutated inputs alias; ``NEURON_LAUNCH_BLOCKING`` (each op waits
+for the device, and raises inside the call) and the profiler (which records each aten
+call) always run the FX code. Fault injection replays: faults strike on the device worker.
+``NEURON_COMPILED_REPLAY=0`` turns replay off.
+"""
+from __future__ import annotations
+
+import torch
+
+from adaptive_eager_device.kernel import OpRecord
+from adaptive_eager_device.metrics import COUNTERS
+from adaptive_eager_device.queue import QUEUE
+from adaptive_eager_device.random import GENERATOR
+from adaptive_eager_device.storage import MEMORY, DeviceStorage, ReinterpretRef, ViewRef, storage_nbytes
+from adaptive_eager_device.streams import STATE as _STREAMS
+from adaptive_eager_device.tensor import describe, device_tensor, storage_of
+
+_SCALARS = (int, float, bool, type(None))
+
+
+class NotReplayable(Exception):
+    """Why a call's template cannot be replayed (the fallback reason counted)."""
+
+
+def input_signature(args):
+    """``(key, storages)`` of a call's inputs, or ``(reason, None)`` when an input is one a
+    template cannot bind (a host tensor, a generator). ``storages[k]`` is input k's
+    DeviceStorage (None for a non-tensor)."""
+    key = [torch.is_autocast_enabled("neuron"), torch.get_autocast_dtype("neuron")]
+    storages = []
+    numbers: dict = {}
+    for value in args:
+        described = describe(value)
+        if described is None:
+            if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+                key.append(("host", value.shape, value.stride(), value.dtype))
+            elif type(value) in _SCALARS:
+                key.append((type(value), value))
+            else:
+                return "an input a template cannot bind", None
+            storages.append(None)
+            continue
+        signature, storage, covers = described
+        if storage is None:
+            storage = storage_of(value)
+        number = numbers.get(storage)
+        if number is None:
+            number = numbers[storage] = len(numbers)
+        key.append((signature, number) if covers else
+                   (signature, number, value.storage_offset(), value.is_conj(), value.is_neg()))
+        storages.append(storage)
+    return tuple(key), storages
+
+
+class _Slot:
+    """A storage in a template's records: its index in the slot table."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
+class _Fresh:
+    """A storage the call allocated: made afresh at every replay."""
+
+    __slots__ = ("shape", "stride", "dtype", "nbytes", "escapes")
+
+    def __init__(self, storage: DeviceStorage, escapes: bool) -> None:
+        self.shape, self.stride, self.dtype = storage.shape, storage.stride, storage.dtype
+        self.nbytes = storage_nbytes(storage.shape, storage.stride, storage.dtype.itemsize)
+        self.escapes = escapes  # an output's storage: it gets a PrivateUse1 storage (a tensor)
+
+
+class Recording:
+    """Watches the call that records a template: what would make it unreplayable."""
+
+    def __init__(self, args, storages) -> None:
+        self.storages = storages
+        # the host tensor inputs (held: their ids identify them in the snapshots)
+        self.host_inputs = [value if storage is None and isinstance(value, torch.Tensor) else None
+                            for value, storage in zip(args, storages)]
+        self.snapshots: dict = {}  # recorder.HOST_SNAPSHOTS while the call runs
+        self.early_flushes = 0
+        self.records = None  # the window's records at the "graph" flush
+        self.allocations = MEMORY.allocations
+        self.ops = COUNTERS.ops_recorded
+        self.host_runs = sum(COUNTERS.fallback_ops.values()) + sum(COUNTERS.sync_points.values())
+
+    def capture(self, records) -> None:
+        self.records = list(records)
+
+
+class Template:
+    """One recorded call of a graph, replayable for calls with the same input signature
+    (module docstring)."""
+
+    __slots__ = ("slots", "records", "outputs", "ops")
+
+    def __init__(self, recording: Recording, outputs, args_after, gm) -> None:
+        records = recording.records
+        if recording.early_flushes:
+            raise NotReplayable("the graph flushed early (a sync point, CPU fallback or barrier)")
+        if records is None:
+            raise NotReplayable("no op reached the window")
+        if COUNTERS.ops_recorded - recording.ops != len(records):
+            raise NotReplayable("ops reached the device outside the window")
+        if sum(COUNTERS.fallback_ops.values()) + sum(COUNTERS.sync_points.values()) != recording.host_runs:
+            raise NotReplayable("the graph ran ops on the host (a CPU fallback or a sync point)")
+        self.slots: list = []  # per slot: ("input", k) | ("constant", storage) | _Fresh
+        index: dict = {}
+        for k, storage in enumerate(recording.storages):
+            if storage is not None and storage not in index:
+                index[storage] = len(self.slots)
+                self.slots.append(("input", k))
+        host_inputs = {id(value): k for k, value in enumerate(recording.host_inputs) if value is not None}
+        host_slots: dict = {}  # host input -> its slot, made when a record reads it
+        constants = {storage_of(t) for t in _constants(gm)}
+        output_storages = _output_storages(outputs)
+        produced = {s for record in records for s in record.results if s is not None}
+        fresh = 0
+
+        def slot(storage) -> _Slot:
+            nonlocal fresh
+            number = index.get(storage)
+            if number is None:
+                number = index[storage] = len(self.slots)
+                if storage in constants:
+                    self.slots.append(("constant", storage))
+                else:
+                    if storage not in produced:
+                        fresh += 1  # allocated by the call (empty): checked below
+                    if storage not in output_storages and storage.alive:
+                        raise NotReplayable("an intermediate is still referenced after the call")
+                    self.slots.append(_Fresh(storage, storage in output_storages))
+            return _Slot(number)
+
+        def host(snapshot):
+            """A host tensor argument: a snapshot of a host input, taken again at each
+            replay, or a constant (no host input: nothing else on the host can vary)."""
+            original = recording.snapshots.get(id(snapshot))
+            k = host_inputs.get(id(original))
+            if k is not None:
+                number = host_slots.get(k)
+                if number is None:
+                    number = host_slots[k] = len(self.slots)
+                    self.slots.append(("host", k))
+                return _Slot(number)
+            if host_inputs:
+                raise NotReplayable("a host tensor the graph computed on the host")
+            return snapshot
+
+        self.records = tuple(_RecordTemplate(record, slot, host) for record in records)
+        self.outputs = tuple(_output_specs(outputs, recording.storages, args_after, slot))
+        allocated = MEMORY.allocations - recording.allocations
+        if allocated != len(produced) + fresh:
+            raise NotReplayable("the call allocated storages its records do not account for")
+        self.ops = len(self.records)
+
+    def bind(self, args, storages):
+        """The slot table for a call: input storages, constants, fresh allocations (may
+        raise ``torch.OutOfMemoryError``, before anything is issued), and the output
+        tensors' bases (slot -> the tensor over that storage)."""
+        table = []
+        bases = {}
+        for number, slot in enumerate(self.slots):
+            if type(slot) is _Fresh:
+                storage = DeviceStorage(slot.shape, slot.stride, slot.dtype, slot.nbytes)
+                if slot.escapes:
+                    bases[number] = device_tensor(slot.shape, slot.stride, slot.dtype, storage, slot.nbytes)
+                else:
+                    storage.alive = False  # no PrivateUse1 storage: nothing references it
+                table.append(storage)
+            elif slot[0] == "input":
+                table.append(storages[slot[1]])
+                bases[number] = args[slot[1]]
+            elif slot[0] == "host":
+                table.append(args[slot[1]].clone())  # the host may change it before the kernel runs
+            else:
+                table.append(slot[1])
+        return table, bases
+
+    def outputs_for(self, args, table, bases) -> list:
+        outputs = []
+        made = set()
+        for spec in self.outputs:
+            kind = spec[0]
+            if kind == "input":
+                outputs.append(args[spec[1]])
+            elif kind == "same":
+                outputs.append(outputs[spec[1]])
+            elif kind == "value":
+                outputs.append(spec[1])
+            else:
+                _, number, shape, stride, offset, whole = spec
+                base = bases[number]
+                if whole and number not in made and type(self.slots[number]) is _Fresh:
+                    made.add(number)
+                    outputs.append(base)
+                else:
+                    outputs.append(torch.as_strided(base, shape, stride, offset))
+        return outputs
+
+    def issue(self, table) -> list:
+        """Copies of the records over the call's storages, issued now."""
+        stream = _STREAMS.current
+        issue = QUEUE.issued
+        records = []
+        append = records.append
+        for template in self.records:
+            issue += 1
+            append(template.bind(table, stream, issue))
+        QUEUE.issued = issue
+        COUNTERS.ops_recorded += len(records)  # ops that reached the device, as the per-op path counts them
+        QUEUE.host_us += QUEUE.host_us_per_op * len(records)  # the simulated host, as if issued op by op
+        trace = QUEUE.trace
+        if trace is not None:
+            from time import perf_counter
+
+            for record in records:
+                trace.issue(record, perf_counter())
+        return records
+
+
+def _constants(gm):
+    """The neuron tensors a graph module holds (``get_attr`` constants)."""
+    found = []
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value = gm
+            for part in node.target.split("."):
+                value = getattr(value, part, None)
+            if isinstance(value, torch.Tensor) and describe(value) is not None:
+                found.append(value)
+    return found
+
+
+def _output_storages(outputs) -> set:
+    found = set()
+    for value in outputs:
+        described = describe(value)
+        if described is not None:
+            found.add(described[1] if described[1] is not None else storage_of(value))
+    return found
+
+
+def _output_specs(outputs, storages, args, slot):
+    """How each output is made at a replay (``Template.outputs_for``)."""
+    seen: dict = {}
+    inputs = {id(value): k for k, value in enumerate(args) if isinstance(value, torch.Tensor)}
+    for position, value in enumerate(outputs):
+        if id(value) in seen:
+            yield ("same", seen[id(value)])
+            continue
+        seen[id(value)] = position
+        if id(value) in inputs:
+            yield ("input", inputs[id(value)])
+            continue
+        described = describe(value)
+        if described is None:
+            if type(value) not in _SCALARS:
+                raise NotReplayable("the graph returns a host tensor or an object")
+            yield ("value", value)
+            continue
+        signature, storage, covers = described
+        storage = storage if storage is not None else storage_of(value)
+        if signature[2] is not storage.dtype or value.is_conj() or value.is_neg():
+            raise NotReplayable("an output reinterprets its storage")
+        yield ("tensor", slot(storage).n, signature[0], signature[1], value.storage_offset(), covers)
+
+
+class _RecordTemplate:
+    """One record of a template, its storages as slots."""
+
+    __slots__ = ("op", "args", "kwargs", "nested", "reads", "writes", "results", "location", "cost", "key",
+                 "key_id")
+
+    def __init__(self, record, slot, host) -> None:
+        for value in record.kwargs.values():
+            if isinstance(value, torch.Generator):
+                raise NotReplayable("the graph draws random numbers")  # RNG order: run as eager
+        self.op = record.op
+        self.args = [_template(value, slot, host) for value in record.args]
+        self.kwargs = {name: _template(value, slot, host) for name, value in record.kwargs.items()}
+        self.nested = record.nested
+        self.reads = tuple(slot(s).n for s in record.reads)
+        self.writes = tuple(slot(s).n for s in record.writes)
+        self.results = tuple(None if s is None else slot(s).n for s in record.results)
+        self.location = record.location
+        self.cost = record.cost
+        self.key = record.key
+        self.key_id = record.key_id
+
+    def bind(self, table, stream, issue) -> OpRecord:
+        args = [table[a.n] if type(a) is _Slot else (_bound(a, table) if type(a) in _COMPOUND else a)
+                for a in self.args]
+        kwargs = self.kwargs
+        if kwargs:
+            kwargs = {name: _bound(value, table) for name, value in kwargs.items()}
+        return OpRecord(
+            self.op, args, kwargs, self.nested, [table[n] for n in self.reads], tuple(table[n] for n in self.writes),
+            [None if n is None else table[n] for n in self.results], self.location, self.cost, self.key,
+            self.key_id, stream, issue,
+        )
+
+
+class _ViewSlot:
+    __slots__ = ("n", "shape", "stride", "offset")
+
+    def __init__(self, n, ref: ViewRef) -> None:
+        self.n, self.shape, self.stride, self.offset = n, ref.shape, ref.stride, ref.offset
+
+
+class _ReinterpretSlot:
+    __slots__ = ("n", "ref")
+
+    def __init__(self, n, ref: ReinterpretRef) -> None:
+        self.n, self.ref = n, ref
+
+
+_COMPOUND = (_ViewSlot, _ReinterpretSlot, list, tuple)
+
+
+def _template(value, slot, host):
+    """A recorded argument with its storages (and host inputs' snapshots) as slots."""
+    kind = type(value)
+    if kind is DeviceStorage:
+        return slot(value)
+    if kind is ViewRef:
+        return _ViewSlot(slot(value.storage).n, value)
+    if kind is ReinterpretRef:
+        return _ReinterpretSlot(slot(value.storage).n, value)
+    if kind is list or kind is tuple:
+        return kind(_template(item, slot, host) for item in value)
+    if kind is torch.Tensor:
+        return host(value)
+    if value is GENERATOR:
+        raise NotReplayable("the graph draws random numbers")
+    return value
+
+
+def _bound(value, table):
+    """A template argument over a call's storages."""
+    kind = type(value)
+    if kind is _Slot:
+        return table[value.n]
+    if kind is _ViewSlot:
+        return ViewRef(table[value.n], value.shape, value.stride, value.offset)
+    if kind is _ReinterpretSlot:
+        ref = value.ref
+        return ReinterpretRef(table[value.n], ref.shape, ref.stride, ref.offset, ref.dtype, ref.conj, ref.neg)
+    if kind is list or kind is tuple:
+        return kind(_bound(item, table) for item in value)
+    return value

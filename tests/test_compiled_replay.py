@@ -1,0 +1,233 @@
+"""Compiled graphs replay their recorded launches (adaptive_eager/replay.py): a later call
+with the same input signature runs no FX code and no per-op dispatch, and gives the same
+results, launches, bytes and device time as running the FX code, with results equal to
+CPU eager; calls the template cannot stand for run the FX code, and say why."""
+from __future__ import annotations
+
+import copy
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import adaptive_eager
+from adaptive_eager_device.config import CONFIG
+from adaptive_eager_device.metrics import COUNTERS
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.workloads import GPT, Llama  # noqa: E402
+
+HERE = os.path.abspath(__file__)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    saved = CONFIG.compiled_replay
+    yield
+    CONFIG.compiled_replay = saved
+    torch._dynamo.reset()
+
+
+def compiled():
+    return adaptive_eager.stats()["compiled"]
+
+
+DISPATCHED = [0]  # ops through the per-op path (recorder.launch), counted by the fixture
+
+
+@pytest.fixture(autouse=True)
+def count_dispatch(monkeypatch):
+    from adaptive_eager_device import recorder
+
+    record_call = recorder._record_call  # once per op recorder.launch records
+
+    def counted(*args):
+        DISPATCHED[0] += 1
+        return record_call(*args)
+
+    monkeypatch.setattr(recorder, "_record_call", counted)
+
+
+def _figures():
+    return (DISPATCHED[0], COUNTERS.kernels_launched, COUNTERS.bytes_moved, COUNTERS.device_time_us)
+
+
+def _delta(before):
+    """(ops dispatched one by one, launches, bytes, device time) since ``before``; device time is a
+    running float sum, so its deltas are rounded to well below a nanosecond."""
+    ops, launches, nbytes, time_us = (b - a for a, b in zip(before, _figures()))
+    return ops, launches, nbytes, round(time_us, 6)
+
+
+def test_a_second_call_replays_no_op_is_recorded_and_its_figures_equal_the_recorded_calls():
+    def f(x, w):
+        return torch.softmax(x @ w, -1).sum(0) * 2
+
+    g = torch.compile(f)
+    x, w = torch.randn(8, 16), torch.randn(16, 16)
+    dx, dw = x.to("neuron"), w.to("neuron")
+    before = _figures()
+    first = g(dx, dw)
+    recorded = _delta(before)
+    torch.neuron.synchronize()
+    for _ in range(3):
+        before = _figures()
+        again = g(dx, dw)
+        replayed = _delta(before)
+        assert replayed[0] == 0 and recorded[0] > 0  # no op went through the per-op path
+        assert replayed[1:] == recorded[1:]  # launches, bytes, device time as recorded
+        assert torch.equal(again.cpu(), first.cpu())
+    torch.testing.assert_close(first.cpu(), f(x, w))
+    stats = compiled()
+    assert stats["replays"] == 3 and stats["replay_fallbacks"] == {}
+
+
+def _train(model, device, steps, replay=True):
+    CONFIG.compiled_replay = replay
+    torch.manual_seed(0)
+    model = model.to(device)
+    # eps as in test_compile.py: attention's key bias has gradients that are rounding noise
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, eps=1e-4)
+    tokens = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(1))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    def step():
+        logits = model(x.to(device))
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.to(device).reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    run = torch.compile(step) if device == "neuron" else step
+    losses, figures = [], []
+    for _ in range(steps):
+        before = _figures()
+        losses.append(run().cpu())
+        figures.append(_delta(before))
+    torch._dynamo.reset()
+    return torch.stack(losses), [p.detach().cpu() for p in model.parameters()], figures
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama"])
+def test_replayed_training_steps_equal_cpu_and_the_fx_code_bit_for_bit(name):
+    torch.manual_seed(0)
+    build = {"gpt": lambda: GPT(vocab=64, dim=32, heads=2, layers=1, seq=16),
+             "llama": lambda: Llama(vocab=64, dim=32, heads=2, hidden=48, layers=1)}[name]
+    model = build()
+    adaptive_eager.reset_stats()
+    losses, params, figures = _train(copy.deepcopy(model), "neuron", 4)
+    stats = compiled()
+    graphs = [g for g in stats["graphs"].values() if g["calls"]]
+    assert all(g["replays"] == g["calls"] - 1 == 3 for g in graphs)  # each graph: steps 2-4 replay
+    kinds = {g["kind"] for g in stats["graphs"].values() if g["replays"]}
+    assert {"forward", "backward", "inference"} <= kinds
+    # AdamW's step counters are CPU tensors: its graph's host part is split off and rerun
+    (optimizer,) = [g for g in graphs if g["host_values_split_off"]]
+    assert optimizer["replays"] == 3
+    assert stats["replay_fallbacks"] == {}  # every call after the first of each graph replays
+    fx_losses, fx_params, fx_figures = _train(copy.deepcopy(model), "neuron", 4, replay=False)
+    cpu_losses, cpu_params, _ = _train(copy.deepcopy(model), "cpu", 4)
+    assert torch.equal(losses, fx_losses)
+    for got, fx, want in zip(params, fx_params, cpu_params):
+        assert torch.equal(got, fx)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(losses, cpu_losses, rtol=1e-5, atol=1e-5)
+    for replayed, ran in zip(figures[1:], fx_figures[1:]):
+        assert replayed[1:] == ran[1:]  # launches, bytes, device time
+        assert replayed[0] < ran[0]  # fewer ops through the per-op path
+
+
+def test_host_tensor_inputs_are_snapshotted_again_at_each_replay():
+    g = torch.compile(lambda x: x.to("neuron") * 2)
+    for value in (1.0, 2.0, 3.0):
+        x = torch.full((4,), value)
+        assert g(x).cpu().tolist() == [2 * value] * 4
+    assert compiled()["replays"] == 2
+
+
+def _mutating_graph():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(a, b):
+        doubled = a * 2
+        read = b + 1
+        torch.ops.aten.copy_.default(a, doubled)
+        return (read,)
+
+    return make_fx(f, tracing_mode="fake")(torch.randn(4), torch.randn(4))
+
+
+def test_a_call_whose_mutated_inputs_alias_falls_back_and_says_why():
+    from adaptive_eager.compiler import GraphRunner
+
+    runner = GraphRunner(_mutating_graph(), "inference")
+    for _ in range(2):
+        a = torch.arange(4.0, device="neuron")
+        (read,) = runner([a, torch.ones(4, device="neuron")])
+        assert a.cpu().tolist() == [0, 2, 4, 6] and read.cpu().tolist() == [2, 2, 2, 2]
+    assert runner.entry["replays"] == 1
+    for _ in range(2):
+        a = torch.arange(4.0, device="neuron")
+        (read,) = runner([a, a.view(4)])  # b is a: the graph as traced runs
+        assert a.cpu().tolist() == [0, 2, 4, 6] and read.cpu().tolist() == [1, 2, 3, 4]
+    assert runner.entry["replays"] == 1
+    assert runner.entry["replay_fallbacks"] == {"mutated inputs alias: the graph as traced runs": 1}
+
+
+def _line_of(text: str) -> int:
+    with open(HERE) as handle:
+        return next(i for i, line in enumerate(handle, 1) if text in line)
+
+
+def test_a_failing_kernel_in_a_replayed_graph_raises_at_the_next_sync_naming_the_users_line():
+    def f(x, index):
+        y = x.exp()
+        z = torch.gather(y, 0, index)  # fails when an index is out of range
+        return z * 3
+
+    g = torch.compile(f)
+    x = torch.randn(4)
+    good, bad = torch.tensor([0, 3]), torch.tensor([0, 9])
+    torch.testing.assert_close(g(x.to("neuron"), good.to("neuron")).cpu(), f(x, good))
+    result = g(x.to("neuron"), bad.to("neuron"))  # same signature: replayed
+    assert compiled()["replays"] == 1
+    with pytest.raises(adaptive_eager.NeuronRuntimeError) as raised:
+        result.cpu()
+    message = str(raised.value)
+    assert f"{HERE}:{_line_of('z = torch.gather(y, 0, index)  # fails')} in f" in message
+    assert "aten::gather" in message
+    with pytest.raises(adaptive_eager.PoisonedTensorError):
+        result.cpu()
+    torch.testing.assert_close(g(x.to("neuron"), good.to("neuron")).cpu(), f(x, good))  # recovers
+
+
+def test_launch_blocking_runs_the_fx_code_and_raises_inside_the_call():
+    def f(x):
+        return (x.exp() * 3).sum()
+
+    g = torch.compile(f)
+    assert g(torch.ones(3, device="neuron")).item() == pytest.approx(f(torch.ones(3)).item())
+    CONFIG.launch_blocking = True
+    adaptive_eager.inject_fault("aten::mul")
+    with pytest.raises(adaptive_eager.NeuronRuntimeError, match="aten::mul"):
+        g(torch.ones(3, device="neuron"))
+    assert compiled()["replay_fallbacks"] == {"NEURON_LAUNCH_BLOCKING": 1}
+
+
+def test_random_ops_and_sync_points_run_the_fx_code():
+    def f(x):
+        return F.dropout(x, 0.5, training=True) * 2
+
+    g = torch.compile(f)
+    torch.manual_seed(3)
+    got = [g(torch.ones(64, device="neuron")).cpu() for _ in range(3)]
+    torch.manual_seed(3)
+    want = [f(torch.ones(64)) for _ in range(3)]
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    assert compiled()["replay_fallbacks"] == {"the graph draws random numbers": 2}
+    assert compiled()["replays"] == 0
