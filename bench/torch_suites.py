@@ -284,9 +284,27 @@ def report(result: dict) -> str:
     return "\n".join(lines)
 
 
+def markdown(result: dict, classes=None) -> str:
+    """The README's table: per class, each run's counts side by side, TorchNeuron's list."""
+    runs = list(result["classes"])
+    names = classes or sorted({c for per in result["classes"].values() for c in per})
+    head = "| class | " + " | ".join(f"{r}: run / pass / fail / error / skip / crash" for r in runs)
+    lines = [head + " | TorchNeuron xfail |", "| --- |" + " ---: |" * (len(runs) + 1)]
+
+    def cell(counts):
+        return " / ".join(str(counts.get(k, 0)) for k in ("run", "pass", "fail", "error")) + \
+            f" / {counts.get('skip', 0) + counts.get('xfail', 0)} / {counts.get('crash', 0)}"
+    for name in names:
+        lines.append(f"| {name} | " + " | ".join(cell(result["classes"][r].get(name, {})) for r in runs)
+                     + f" | {TORCHNEURON_XFAILS.get(name, '')} |")
+    lines.append("| **total** | " + " | ".join(cell(result["totals"][r]) for r in runs) + " | |")
+    lines.append("| pass % of run - skip | " + " | ".join(f"{result['totals'][r]['pass_pct']:.1f}" for r in runs) + " | |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("test_dir", help="a PyTorch test/ folder")
+    parser.add_argument("test_dir", nargs="?", help="a PyTorch test/ folder")
     parser.add_argument("--files", default=",".join(DEFAULT_FILES), help="comma-separated, relative to test_dir")
     parser.add_argument("--runs", default="strict,adaptive,cpu", help="strict, adaptive, cpu (default all)")
     parser.add_argument("--timeout", type=int, default=TEST_TIMEOUT_S, help="seconds per test (pytest-timeout)")
@@ -295,7 +313,15 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="results file (default: see --save)")
     parser.add_argument("--save", action="store_true", help=SAVE_HELP)
     parser.add_argument("--work", default=None, help="folder for the per-process logs (default: a temporary one)")
+    parser.add_argument("--markdown", action="store_true",
+                        help="print the per-class table of the results file as markdown and exit (runs nothing)")
     options = parser.parse_args(argv)
+    if options.markdown:
+        result = load(options.json or results_path("torch_suites.json", options.save))
+        print(markdown(result))
+        return 0
+    if not options.test_dir:
+        parser.error("the test_dir argument is required (a PyTorch test/ folder)")
     runs = [r.strip() for r in options.runs.split(",") if r.strip()]
     for run in runs:
         if run not in RUNS:
