@@ -285,9 +285,14 @@ def report(result: dict) -> str:
 
 
 def markdown(result: dict, classes=None) -> str:
-    """The README's table: per class, each run's counts side by side, TorchNeuron's list."""
-    runs = list(result["classes"])
-    names = classes or sorted({c for per in result["classes"].values() for c in per})
+    """The README's table: per class, each run's counts side by side, TorchNeuron's list;
+    over the files that every run has finished (so the pass rates are on the same files)."""
+    runs = list(result["runs"])
+    common = set.intersection(*(set(files) for files in result["runs"].values()))
+    by_run = {r: class_counts({f: rec for f, rec in result["runs"][r].items() if f in common}, RUNS[r][0])
+              for r in runs}
+    result = dict(result, classes=by_run, totals={r: totals(c) for r, c in by_run.items()})
+    names = classes or sorted({c for per in by_run.values() for c in per})
     head = "| class | " + " | ".join(f"{r}: run / pass / fail / error / skip / crash" for r in runs)
     lines = [head + " | TorchNeuron xfail |", "| --- |" + " ---: |" * (len(runs) + 1)]
 
