@@ -359,6 +359,7 @@ def main(argv=None) -> int:
 
 
 def _write(result: dict, path: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as handle:
         json.dump(result, handle, indent=1, sort_keys=False)
