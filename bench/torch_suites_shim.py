@@ -3,10 +3,12 @@ every pytest process it runs on PyTorch's upstream test files.
 
 It does four things, all driven by environment variables the runner sets:
 
-1. **Compatibility names.** The upstream test files are older than the installed torch
+1. **Compatibility.** The upstream test files are older than the installed torch
    (see the runner's docstring for the version). A few names they import were dropped
    from ``torch.testing._internal`` since; :data:`RESTORED` puts them back with the
-   meaning they had (each documented below). Nothing else in torch is changed.
+   meaning they had (each documented below). A test name the old files define twice
+   is instantiated once instead of failing the file's collection
+   (:func:`_tolerate_redefinitions`). Nothing else in torch is changed.
 2. **The device.** For a neuron run (``TORCH_SUITES_DEVICE=neuron``) it imports
    ``adaptive_eager`` (which registers ``neuron`` as the PrivateUse1 backend) before
    the test module is collected, and sets ``PrivateUse1TestBase.device_type`` to the
@@ -68,6 +70,30 @@ def _restore_names() -> list:
 
 
 RESTORED = _restore_names()
+DROPPED: list = []  # duplicate test names not instantiated (see _tolerate_redefinitions)
+
+
+def _tolerate_redefinitions() -> None:
+    """A test the old files define twice under one instantiated name (test_nn.py has
+    ``test_activations_bfloat16_cpu`` and ``test_activations_bfloat16``, which this torch
+    names alike on the CPU) aborts the whole file's collection with "Redefinition of
+    test"; keep the first definition and drop the second instead (listed in DROPPED)."""
+    from torch.testing._internal.common_device_type import DeviceTypeTestBase
+
+    original = DeviceTypeTestBase.instantiate_test.__func__
+
+    def instantiate_test(cls, name, test, *, generic_cls=None):
+        try:
+            original(cls, name, test, generic_cls=generic_cls)
+        except AssertionError as exc:
+            if "Redefinition of test" not in str(exc):
+                raise
+            DROPPED.append(f"{cls.__name__}.{name}: {exc}")
+
+    DeviceTypeTestBase.instantiate_test = classmethod(instantiate_test)
+
+
+_tolerate_redefinitions()
 
 
 def _setup_device() -> None:
