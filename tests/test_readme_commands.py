@@ -41,6 +41,10 @@ SKIPPED = {
                                    "tests/test_op_coverage.py runs it on a few ops",
     "python bench/hf_models.py": "takes minutes (every causal-LM architecture of transformers); "
                                  "tests/test_hf_models.py runs a few",
+    "python bench/module_coverage.py": "takes minutes (every ModuleInfo of module_db in four configurations); "
+                                       "tests/test_module_coverage.py runs a few modules",
+    "python bench/torch_suites.py": "needs a PyTorch test/ folder, which is not part of this repository, and takes "
+                                    "hours (upstream test files in three runs)",
 }
 
 SHRINK = (
