@@ -81,6 +81,9 @@ def _upload(source: torch.Tensor, kwargs):
     device = kwargs.get("device")
     if device is not None and device.index:
         raise recorder.invalid_ordinal(device)
+    if type(source) is not torch.Tensor:  # the plain tensor: a subclass may refuse its own
+        with torch._C.DisableTorchFunctionSubclass():  # accessors (a lazy module's
+            source = source.as_subclass(torch.Tensor)  # UninitializedParameter's .shape)
     return recorder.launch(op_entry(aten._to_copy.default), (source,), kwargs)
 
 

@@ -309,3 +309,18 @@ def test_pool3d_keeps_channels_last_3d(pool):
     if i is not None:
         assert i.stride() == ci.stride()
         assert_same(i, ci)
+
+
+@pytest.mark.parametrize("make", [lambda: torch.nn.LazyLinear(3), lambda: torch.nn.LazyConv2d(3, 2)], ids=["LazyLinear", "LazyConv2d"])
+def test_lazy_module_moved_to_neuron_before_its_first_forward(make, any_mode):
+    """`.to("neuron")` of an UninitializedParameter (whose .shape raises) is legal, as on
+    CUDA: the module then materializes on the device at its first forward, as the CPU's."""
+    x = torch.randn(2, 2, 5, 5) if "Conv" in type(make()).__name__ else torch.randn(2, 4)
+    torch.manual_seed(0)
+    cpu = make()
+    expected = cpu(x)
+    torch.manual_seed(0)
+    moved = make().to("neuron")
+    out = moved(x.to("neuron"))
+    assert all(p.device.type == "neuron" for p in moved.parameters())
+    torch.testing.assert_close(out.cpu(), expected)
