@@ -88,31 +88,39 @@ def mismatch(entry, device, other) -> DeviceMismatchError:
     ))
 
 
-def _neuron_leaves(values):
-    for value in values:
-        kind = type(value)
-        if kind is list or kind is tuple:
-            yield from _neuron_leaves(value)
-        elif isinstance(value, _Tensor):
-            device = value.device
-            if device.type == "neuron":
-                yield device
+def _tensor_index(entry, value, found: int) -> int:
+    """``found`` (-1: none yet) after meeting ``value``: a neuron tensor's index (the only
+    accelerator in the process, so ``get_device() >= 0`` means neuron), lists walked."""
+    kind = type(value)
+    if kind is list or kind is tuple:
+        for item in value:
+            found = _tensor_index(entry, item, found)
+        return found
+    if not isinstance(value, _Tensor):
+        return found
+    index = value.get_device()
+    if index < 0 or index == found:
+        return found
+    if found < 0 or entry.kind is COPY:  # copies may cross indices: the first one's device
+        return found if found >= 0 else index
+    raise mismatch(entry, f"neuron:{found}", f"neuron:{index}")
 
 
 def op_index(entry, args, kwargs) -> int:
     """The device the op of ``entry`` runs on (see the module docstring); raises
     :func:`mismatch` when its neuron tensors disagree, :func:`invalid_ordinal` for a
-    ``device=`` out of range."""
-    device = kwargs.get("device") if kwargs else None
-    if type(device) is torch.device and device.type == "neuron":
-        return index_of(device)
-    found = None
-    for other in _neuron_leaves(args if not kwargs else (*args, *kwargs.values())):
-        if found is None:
-            found = other
-        elif other.index != found.index and entry.kind is not COPY:
-            raise mismatch(entry, found, other)
-    return current_index() if found is None else found.index
+    ``device=`` out of range. On the per-op path when there are several devices."""
+    if kwargs:
+        device = kwargs.get("device")
+        if type(device) is torch.device and device.type == "neuron":
+            return index_of(device)
+    found = -1
+    for value in args:
+        found = _tensor_index(entry, value, found)
+    if kwargs:
+        for value in kwargs.values():
+            found = _tensor_index(entry, value, found)
+    return current_index() if found < 0 else found
 
 
 def on_its_device(run):
