@@ -27,7 +27,7 @@ import itertools
 import torch
 
 from . import sync as _sync
-from .indices import index_of
+from .indices import current_index, exchange_index, index_of
 from .metrics import COUNTERS
 from .queue import HOST_LOCK, QUEUE, Fence
 from .reasons import Flush
@@ -120,10 +120,13 @@ def current_stream(device=None) -> Stream:
 
 
 def set_stream(stream: Stream) -> None:
-    """Make ``stream`` current. A stream change is a fusion boundary (it flushes the
+    """Make ``stream`` current, and its device the current device (as
+    ``torch.cuda.set_stream``). A stream change is a fusion boundary (it flushes the
     adaptive window), so no fused kernel spans two streams."""
     if stream is None:
         return
+    if stream.device_index != current_index():
+        exchange_index(stream.device_index)
     stream_id = stream.stream_id
     if stream_id == STATE.current:
         return
@@ -158,12 +161,19 @@ class Event:
         self._marker: Fence | None = None  # the queue item the record put on the queue
         self._sequence = 0
         self._clock_us: float | None = None
+        self._device_index: int | None = None  # the recording stream's device
+
+    @property
+    def device(self) -> torch.device | None:
+        """The device of the stream that recorded it (None before it is recorded), as CUDA's."""
+        return None if self._device_index is None else torch.device("neuron", self._device_index)
 
     def record(self, stream: Stream | None = None) -> None:
         stream = stream if stream is not None else current_stream()
         with HOST_LOCK:
             _sync.flush(Flush.EVENT_RECORD)
             self._marker = Fence()
+            self._device_index = stream.device_index
             self._clock_us = QUEUE.clock_us
             self._sequence = QUEUE.submit(self._marker, stream.stream_id)
 

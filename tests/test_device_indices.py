@@ -78,10 +78,14 @@ TWO_DEVICES = textwrap.dedent('''
     record("drawn", drawn.cpu())
 
     s = torch.neuron.Stream(device="neuron:1")
-    with torch.neuron.stream(s):
+    with torch.neuron.stream(s):  # makes neuron:1 current, as torch.cuda.stream does
         on_stream = y * 3
+        made = torch.ones(1, device="neuron")
+        event = torch.neuron.Event()
+        event.record()
     record("streams", [s.device_index, torch.neuron.default_stream(1).device_index,
-                       torch.accelerator.current_stream(1).device_index, str(on_stream.device)])
+                       torch.accelerator.current_stream(1).device_index, str(on_stream.device), str(made.device),
+                       torch.neuron.current_device(), str(event.device)])
     record("on_stream", on_stream.cpu())
     record("memory", [torch.neuron.memory_allocated(0), torch.neuron.memory_allocated(1)])
 
@@ -155,7 +159,7 @@ def test_autograd_generators_and_streams_on_neuron_1(two_devices):
     _close(got["grads"][1], model.bias.grad)
     assert got["generator"] == ["neuron:1", "neuron:1"]
     _close(got["drawn"], torch.randn(6, generator=torch.Generator().manual_seed(7)))
-    assert got["streams"] == [1, 1, 1, "neuron:1"]
+    assert got["streams"] == [1, 1, 1, "neuron:1", "neuron:1", 0, "neuron:1"]
     _close(got["on_stream"], torch.relu(a @ w + b).sum(0) * 3)
     assert all(isinstance(m, int) and m >= 0 for m in got["memory"])
 
