@@ -1,17 +1,19 @@
 """``torch.neuron``: the device module, mirroring the ``torch.cuda`` names that apply.
 
-Registered as ``torch.neuron`` by ``device.backend.register``. One simulated device,
-index 0. Every function here that reads device state is a sync point where CUDA's is.
+Registered as ``torch.neuron`` by ``device.backend.register``. Devices ``neuron:0`` ..
+``neuron:<device_count()-1>``, one per simulated NeuronCore (``device/indices.py``); they
+share one execution queue, so memory statistics and random state are the process's,
+whichever index is asked. Every function here that reads device state is a sync point
+where CUDA's is.
 """
 from __future__ import annotations
-
-import contextlib
 
 import torch
 
 from . import random as _random
 from .config import CONFIG
 from .cost_model import PROFILE
+from .indices import COUNT, current_index, exchange_index, index_of
 from .reasons import Flush
 from .storage import MEMORY, release_freed_memory
 from .streams import Event, Stream, current_stream, default_stream, set_stream, stream  # noqa: F401
@@ -37,37 +39,50 @@ def _lazy_init() -> None:
 
 
 def device_count() -> int:
-    return 1
+    """The simulated NeuronCores this process sees (``NEURON_SIM_CORES``, else torchrun's
+    ``LOCAL_WORLD_SIZE``, else 1)."""
+    return COUNT
 
 
 def current_device() -> int:
-    return 0
+    """The calling thread's device index (torchrun's ``LOCAL_RANK`` until it sets one)."""
+    return current_index()
 
 
 def _check_index(device) -> int:
-    if device is None:
-        return 0
-    if isinstance(device, str):
-        device = torch.device(device)
-    if isinstance(device, torch.device):
-        if device.type != "neuron":
-            raise ValueError(f"Expected a neuron device, but got: {device}")
-        index = 0 if device.index is None else device.index
-    else:
-        index = int(device)
-    if index != 0:
-        raise RuntimeError(f"Invalid device index {index}: the simulated neuron device count is 1")
-    return index
+    """The index ``device`` names (None: the current device); raises past the count."""
+    return index_of(device)
 
 
 def set_device(device) -> None:
-    _check_index(device)
+    """Make ``device`` the calling thread's current device, as ``torch.cuda.set_device``."""
+    exchange_index(_check_index(device))
 
 
-@contextlib.contextmanager
-def device(device):
-    _check_index(device)
-    yield
+class device:
+    """``with torch.neuron.device(i):`` runs the block with ``neuron:i`` current."""
+
+    def __init__(self, device) -> None:
+        self.index = -1 if device is None or (isinstance(device, int) and device < 0) else _check_index(device)
+        self.previous = -1
+
+    def __enter__(self):
+        if self.index >= 0:
+            self.previous = exchange_index(self.index)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self.index >= 0:
+            exchange_index(self.previous)
+        return False
+
+
+class device_of(device):
+    """``with torch.neuron.device_of(tensor):``: the tensor's device current (no-op for a
+    host tensor)."""
+
+    def __init__(self, obj) -> None:
+        super().__init__(obj.get_device() if obj.device.type == "neuron" else -1)
 
 
 def get_device_name(device=None) -> str:
@@ -133,7 +148,9 @@ def set_rng_state(new_state: torch.Tensor, device="neuron") -> None:
 
 
 def get_rng_state_all() -> list:
-    return [_random.get_rng_state()]
+    """One state per index: the indices share one random stream (device/indices.py)."""
+    state = _random.get_rng_state()
+    return [state.clone() for _ in range(COUNT)]
 
 
 def set_rng_state_all(new_states) -> None:
@@ -200,8 +217,9 @@ def memory_stats(device=None) -> dict:
 def memory_summary(device=None, abbreviated: bool = False) -> str:
     stats = memory_stats(device)
     mib = 1 << 20
+    devices = "neuron:0" if COUNT == 1 else f"neuron:0..{COUNT - 1} (aggregated)"
     lines = [
-        "neuron:0 memory summary (simulated HBM)",
+        f"{devices} memory summary (simulated HBM)",
         f"  capacity:         {stats['capacity_bytes'] / mib:12.1f} MiB",
         f"  allocated:        {stats['allocated_bytes.all.current'] / mib:12.1f} MiB"
         f" in {stats['allocation.all.current']} blocks",

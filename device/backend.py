@@ -4,11 +4,12 @@ Entry point: :func:`register` (idempotent). It runs on ``import torch`` through 
 ``torch.backends`` entry point (PyTorch's autoload convention), or on
 ``import adaptive_eager``. It:
 
-1. renames PrivateUse1 to ``neuron`` and installs ``torch.neuron`` (``device/api.py``)
-   and a device guard, so ``torch.device('neuron')``, ``t.neuron()``,
+1. renames PrivateUse1 to ``neuron`` and installs ``torch.neuron`` (``device/api.py``),
+   so ``torch.device('neuron')``, ``t.neuron()``,
    ``module.to('neuron')`` and ``torch.accelerator`` work;
 2. loads the C++ hooks (``device/csrc/neuron.cpp``): the device allocator, storage
-   resizing, pinned host memory and generators;
+   resizing, pinned host memory, generators, and the device guard of the device indices
+   (``device/indices.py``);
 3. sends every aten op on a neuron tensor, and every factory naming the device, to the
    dispatcher (``dispatch.dispatch``): one boxed fallback at the PrivateUse1 key for the
    ops with no kernel for the device, and a PrivateUse1 kernel for each op whose
@@ -39,11 +40,6 @@ from .reasons import Flush
 _STATE = {"registered": False, "libraries": []}
 
 
-class _DeviceGuard(torch._C._acc.DeviceGuard):
-    def type_(self):
-        return torch._C._autograd.DeviceType.PrivateUse1
-
-
 def _refuse_bad_configuration() -> None:
     """The device's first use with a bad ``NEURON_*`` value raises it (device/config.py).
     Every neuron tensor is born in a kernel registered here."""
@@ -64,11 +60,14 @@ def _make_handler():
     bound: it runs for every op."""
     from .config import CONFIG
     from .dispatch import run
+    from .indices import MULTI, on_its_device
     from .recorder import defer_in_backward
     from .queue import HOST_LOCK
 
     acquire, release = HOST_LOCK.acquire, HOST_LOCK.release
     checked = not CONFIG.errors
+    if MULTI:  # several device indices: each op runs under its device's guard
+        run = on_its_device(run)
 
     def handle(entry, args, kwargs):
         if not checked:
@@ -203,8 +202,9 @@ def _dense_both(tensor, other) -> bool:
 
 
 def _load_hooks() -> None:
-    """The C++ hooks: allocator, storage resizing, pinned memory, generators."""
+    """The C++ hooks: allocator, storage resizing, pinned memory, generators, device guard."""
     from . import _C as _native
+    from .config import CONFIG
     from .random import GENERATOR
     from .storage import DeviceStorage
     from .sync import synchronize
@@ -216,7 +216,7 @@ def _load_hooks() -> None:
         storage.resize_bytes(nbytes)
         return storage
 
-    _native.init(GENERATOR, lambda: synchronize(Flush.RNG_STATE), resize)
+    _native.init(GENERATOR, lambda: synchronize(Flush.RNG_STATE), resize, CONFIG.device_count, CONFIG.initial_device)
 
 
 def _route_to_neuron(name: str, neuron_function) -> None:
@@ -259,7 +259,6 @@ def register() -> None:
         torch.utils.rename_privateuse1_backend("neuron")
         torch.utils.generate_methods_for_privateuse1_backend()
         torch._register_device_module("neuron", api)
-        torch._C._acc.register_python_privateuseone_device_guard(_DeviceGuard())
     _load_hooks()
     global _handle
     _handle = _make_handler()

@@ -66,6 +66,24 @@ def _text(text: str) -> str:
     return text
 
 
+MAX_CORES = 64  # device indices a process may see (one Trn2 node's logical NeuronCores)
+
+
+def parse_cores(text: str) -> int:
+    """``"4"`` -> 4: the simulated NeuronCores one process sees (1..64)."""
+    cores = _number(1, False, int)(text)
+    if cores > MAX_CORES:
+        raise ValueError(f"expected at most {MAX_CORES}")
+    return cores
+
+
+def _torchrun_count(text: str) -> int | None:
+    """torchrun's ``LOCAL_WORLD_SIZE``/``LOCAL_RANK`` as an int, or None when absent or not
+    an integer (they are torchrun's, not ours to refuse)."""
+    text = text.strip()
+    return int(text) if text.isdigit() else None
+
+
 # (variable, attribute, parse, default, meaning); README's table mirrors this one.
 VARIABLES = (
     ("NEURON_ADAPTIVE_EAGER", "adaptive", _flag, False, "adaptive eager at start-up (default: strict eager)"),
@@ -83,6 +101,8 @@ VARIABLES = (
     ("NEURON_SIM_LAUNCH_US", "launch_us", _number(0, False), 10.0, "simulated launch overhead per kernel"),
     ("NEURON_SIM_LINK_GBPS", "link_gbps", _number(0, True), 100.0, "simulated inter-chip link bandwidth"),
     ("NEURON_SIM_HBM_GB", "hbm_gb", _number(0, True), 96.0, "simulated device memory (one Trn2 chip)"),
+    ("NEURON_SIM_CORES", "cores", parse_cores, None,
+     "simulated NeuronCores each process sees, neuron:0..n-1 (default: LOCAL_WORLD_SIZE under torchrun, else 1)"),
     ("NEURON_SIM_FAULT", "faults", parse_fault_spec, (), "fault injection: aten::mul:3 makes the 3rd mul kernel fail"),
     ("NEURON_TRACE", "trace_path", _text, None, "write a Chrome trace of host issue and device execution"),
     ("NEURON_FUSION_STATS", "stats_path", _text, None, "write the statistics as JSON at exit"),
@@ -97,7 +117,7 @@ VARIABLES = (
 class DeviceConfig:
     """Live values. Attribute reads are on the per-op path, so this is a plain object."""
 
-    __slots__ = tuple(attribute for _, attribute, _, _, _ in VARIABLES) + ("errors",)
+    __slots__ = tuple(attribute for _, attribute, _, _, _ in VARIABLES) + ("errors", "local_world_size", "local_rank")
 
     def __init__(self, environ=None) -> None:
         environ = os.environ if environ is None else environ
@@ -111,6 +131,27 @@ class DeviceConfig:
                 except ValueError as error:
                     self.errors.append(f"{variable}={text!r} is not valid: {error}")
             setattr(self, attribute, value)
+        self.local_world_size = _torchrun_count(environ.get("LOCAL_WORLD_SIZE", ""))
+        self.local_rank = _torchrun_count(environ.get("LOCAL_RANK", ""))
+        if self.cores is None and (self.local_world_size or 0) > MAX_CORES:
+            self.errors.append(f"LOCAL_WORLD_SIZE={self.local_world_size} asks for more than {MAX_CORES} simulated "
+                               "NeuronCores per process; set NEURON_SIM_CORES")
+
+    @property
+    def device_count(self) -> int:
+        """The device indices this process sees: ``NEURON_SIM_CORES``, else torchrun's
+        ``LOCAL_WORLD_SIZE`` (every NeuronCore of the host is visible to every process, as
+        on a Trainium host), else 1. Fixed at import (the C++ hooks hold it)."""
+        if self.cores is not None:
+            return self.cores
+        return min(max(self.local_world_size or 1, 1), MAX_CORES)
+
+    @property
+    def initial_device(self) -> int:
+        """The current device of every thread until it sets one: torchrun's ``LOCAL_RANK``
+        (each process starts on its local rank's core) when it is a valid index, else 0."""
+        rank = self.local_rank
+        return rank if rank is not None and rank < self.device_count else 0
 
     @property
     def hbm_bytes(self) -> int:

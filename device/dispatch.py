@@ -22,6 +22,7 @@ from . import recorder
 from .collectives import run_collective
 from .errors import users_error
 from .host_ops import run_on_host
+from .indices import check_ordinal
 from .op_table import (COLLECTIVE, COPY, DATA_DEPENDENT, DECOMPOSE, HOST_READ, KERNEL, LIKE, LIKE_FILLS, METADATA,
                        NO_OP, VIEW, op_entry)
 from .reasons import Flush
@@ -58,8 +59,8 @@ def run_copy(entry, args, kwargs):
             return _upload(args[0], kwargs)
         if device is not None and device.type != "neuron":
             return run_on_host(entry, args, kwargs, Flush.COPY_TO_HOST)
-        if device is not None and device.index:
-            raise recorder.invalid_ordinal(device)
+        if device is not None:
+            check_ordinal(device)
         return recorder.launch(entry, args, kwargs)
     if op is aten._copy_from.default:  # dst.copy_(src) with src on the device
         src, dst = args[0], args[1]
@@ -79,8 +80,8 @@ def _upload(source: torch.Tensor, kwargs):
             ".to_dense() first"
         ))
     device = kwargs.get("device")
-    if device is not None and device.index:
-        raise recorder.invalid_ordinal(device)
+    if device is not None:
+        check_ordinal(device)
     if type(source) is not torch.Tensor:  # the plain tensor: a subclass may refuse its own
         with torch._C.DisableTorchFunctionSubclass():  # accessors (a lazy module's
             source = source.as_subclass(torch.Tensor)  # UninitializedParameter's .shape)

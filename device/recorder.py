@@ -22,6 +22,7 @@ import torch
 
 from . import sync as _sync
 from .errors import users_error
+from .indices import DeviceMismatchError, check_ordinal, current_index
 from .kernel import OpRecord
 from .location import capture_location
 from .metrics import COUNTERS
@@ -51,17 +52,13 @@ _HOST_TENSORS_OK = {aten.index.Tensor, aten.index_put_.default, aten.index_put.d
                     aten.index_fill_.int_Tensor, aten.index_fill_.int_Scalar}
 
 
-class DeviceMismatchError(RuntimeError):
-    pass
-
-
 _COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
 
 
 def _mismatch(entry, tensor) -> DeviceMismatchError:
     return users_error(DeviceMismatchError(
         "Expected all tensors to be on the same device, but found at least two devices, "
-        f"neuron:0 and {tensor.device}! (when checking arguments for {entry.name})"
+        f"neuron:{current_index()} and {tensor.device}! (when checking arguments for {entry.name})"
     ))
 
 
@@ -114,8 +111,7 @@ def _convert(entry, value, key, reads):
         return _host_tensor(entry, value, key)
     if kind is torch.device:
         if value.type == "neuron":
-            if value.index:
-                raise invalid_ordinal(value)
+            check_ordinal(value)
             key.append("neuron")
             return CPU
         raise _mismatch(entry, torch.empty(1, device=value) if value.type == "meta" else torch.empty(1))
@@ -132,13 +128,6 @@ def float_class(value: float) -> int:
     must not be 0, smooth L1's beta must not be negative), so a cached signature never
     lets a value the CPU refuses through (``shapes.check_on_cpu`` runs on a miss)."""
     return 1 if value > 0.0 else -1 if value < 0.0 else 0 if value == 0.0 else 2
-
-
-def invalid_ordinal(device) -> RuntimeError:
-    """``neuron:1`` on a machine with one neuron device: raise as CUDA does."""
-    return users_error(RuntimeError(
-        f"neuron error: invalid device ordinal: {device} does not exist; the neuron device count is 1, "
-        "so neuron:0 (or 'neuron') is the only device"))
 
 
 def _is_device(value) -> bool:
@@ -333,8 +322,8 @@ def _build_return(entry, structure, outputs, args, kwargs):
 def allocate(entry, args, kwargs):
     """``empty``-like ops: a fresh storage, allocated on the host, no kernel."""
     device = kwargs.get("device")
-    if device is not None and device.index:
-        raise invalid_ordinal(device)
+    if device is not None and device.type == "neuron":
+        check_ordinal(device)
     meta_kwargs = {k: (torch.device("meta") if isinstance(v, torch.device) else v) for k, v in kwargs.items()}
     meta_args = [
         torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta") if isinstance(a, _Tensor) else a

@@ -15,7 +15,9 @@ Events carry *simulated* device time: ``elapsed_time`` is the simulated millisec
 queue spent between the two events (kernel costs from the cost model), not host time.
 
 The current stream is process-wide, not per thread: the autograd engine's thread then
-launches backward kernels on the stream the forward ran on, as on CUDA.
+launches backward kernels on the stream the forward ran on, as on CUDA. A stream belongs
+to a device index (``Stream(device="neuron:1")``, the current device by default) and each
+index has its default stream (id 0); all of them feed the one queue.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import itertools
 import torch
 
 from . import sync as _sync
+from .indices import current_index, exchange_index, index_of
 from .metrics import COUNTERS
 from .queue import HOST_LOCK, QUEUE, Fence
 from .reasons import Flush
@@ -43,21 +46,13 @@ class StreamState:
 STATE = StreamState()
 
 
-def _check_device(device) -> None:
-    if device is None:
-        return
-    device = torch.device(device) if not isinstance(device, torch.device) else device
-    if device.type != "neuron" or (device.index or 0) != 0:
-        raise ValueError(f"Expected the neuron:0 device, but got {device}")
-
-
 class Stream(torch.Stream):
     """A neuron stream. All streams share the one hardware queue (see module docstring)."""
 
     def __new__(cls, device=None, priority: int = 0, *, _stream_id=None, **kwargs):
-        _check_device(device)
+        index = index_of(device)
         stream_id = next(_ids) if _stream_id is None else _stream_id
-        self = super().__new__(cls, stream_id=stream_id, device_index=0, device_type=int(_DEVICE_TYPE))
+        self = super().__new__(cls, stream_id=stream_id, device_index=index, device_type=int(_DEVICE_TYPE))
         self._priority = priority
         return self
 
@@ -93,40 +88,52 @@ class Stream(torch.Stream):
         return event
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, torch.Stream) and other.stream_id == self.stream_id and other.device_type == self.device_type
+        return (isinstance(other, torch.Stream) and other.stream_id == self.stream_id
+                and other.device_type == self.device_type and other.device_index == self.device_index)
 
     def __hash__(self) -> int:
-        return hash((self.stream_id, "neuron"))
+        return hash((self.stream_id, self.device_index, "neuron"))
 
     def __repr__(self) -> str:
-        return f"<torch.neuron.Stream device=neuron:0 stream_id={self.stream_id}>"
+        return f"<torch.neuron.Stream device=neuron:{self.device_index} stream_id={self.stream_id}>"
 
 
-_DEFAULT = Stream(_stream_id=0)
-_streams_by_id = {0: _DEFAULT}
+_DEFAULTS = {0: Stream(0, _stream_id=0)}  # index -> that device's default stream (id 0)
+_streams_by_id = {}  # id -> a stream made current (not a default one)
 
 
 def default_stream(device=None) -> Stream:
-    _check_device(device)
-    return _DEFAULT
+    """The default stream of ``device`` (the current device by default)."""
+    index = index_of(device)
+    stream = _DEFAULTS.get(index)
+    if stream is None:
+        stream = _DEFAULTS[index] = Stream(index, _stream_id=0)
+    return stream
 
 
 def current_stream(device=None) -> Stream:
-    _check_device(device)
-    return _streams_by_id.get(STATE.current, _DEFAULT)
+    """The current stream: process-wide (module docstring); when it is a default stream,
+    ``device``'s default stream."""
+    if STATE.current == 0:
+        return default_stream(device)
+    return _streams_by_id[STATE.current]
 
 
 def set_stream(stream: Stream) -> None:
-    """Make ``stream`` current. A stream change is a fusion boundary (it flushes the
+    """Make ``stream`` current, and its device the current device (as
+    ``torch.cuda.set_stream``). A stream change is a fusion boundary (it flushes the
     adaptive window), so no fused kernel spans two streams."""
     if stream is None:
         return
+    if stream.device_index != current_index():
+        exchange_index(stream.device_index)
     stream_id = stream.stream_id
     if stream_id == STATE.current:
         return
     _sync.flush(Flush.STREAM_CHANGE)
-    if stream_id not in _streams_by_id:
-        _streams_by_id[stream_id] = stream if isinstance(stream, Stream) else Stream(_stream_id=stream_id)
+    if stream_id and stream_id not in _streams_by_id:
+        _streams_by_id[stream_id] = stream if isinstance(stream, Stream) else Stream(
+            stream.device_index, _stream_id=stream_id)
     STATE.current = stream_id
 
 
@@ -154,12 +161,19 @@ class Event:
         self._marker: Fence | None = None  # the queue item the record put on the queue
         self._sequence = 0
         self._clock_us: float | None = None
+        self._device_index: int | None = None  # the recording stream's device
+
+    @property
+    def device(self) -> torch.device | None:
+        """The device of the stream that recorded it (None before it is recorded), as CUDA's."""
+        return None if self._device_index is None else torch.device("neuron", self._device_index)
 
     def record(self, stream: Stream | None = None) -> None:
         stream = stream if stream is not None else current_stream()
         with HOST_LOCK:
             _sync.flush(Flush.EVENT_RECORD)
             self._marker = Fence()
+            self._device_index = stream.device_index
             self._clock_us = QUEUE.clock_us
             self._sequence = QUEUE.submit(self._marker, stream.stream_id)
 

@@ -19,6 +19,11 @@
 //   A neuron generator draws through a CPU generator of its own (its twin), which is
 //   what the CPU kernels running the device's ops take; reading or changing its state
 //   first waits for the kernels queued with it.
+// - device indices and the device guard: `neuron:0` .. `neuron:<count-1>` (the count is
+//   the simulated NeuronCores, device/indices.py), the current device per thread (as
+//   CUDA's), and the DeviceGuardImplInterface c10 calls to switch devices. Every index
+//   shares the process's one execution queue, so the guard's streams and events are the
+//   default stream and no-ops, as PyTorch's Python device guard made them.
 // - two calls on the per-op hot path: `empty` (a device tensor over a fresh storage)
 //   and `describe` (what the dispatcher records of a tensor argument), one C call each.
 
@@ -49,6 +54,29 @@ namespace py = pybind11;
 
 constexpr c10::DeviceType kDevice = c10::DeviceType::PrivateUse1;
 constexpr uintptr_t kAlignment = 512;
+
+// -- device indices -----------------------------------------------------------------------
+c10::DeviceIndex device_count = 1;  // set once by init()
+c10::DeviceIndex initial_index = 0;  // a thread's current device until it sets one
+thread_local c10::DeviceIndex thread_index = -1;  // -1: not set on this thread
+
+c10::DeviceIndex current_index() {
+  return thread_index < 0 ? initial_index : thread_index;
+}
+
+void check_index(c10::DeviceIndex index) {
+  TORCH_CHECK(index >= 0 && index < device_count, "neuron error: invalid device ordinal: neuron:",
+              static_cast<int>(index), " does not exist; the neuron device count is ", static_cast<int>(device_count));
+}
+
+c10::DeviceIndex exchange_index(c10::DeviceIndex index) {
+  c10::DeviceIndex previous = current_index();
+  if (index >= 0) {
+    check_index(index);
+    thread_index = index;
+  }
+  return previous;
+}
 
 // -- callbacks into the Python device -----------------------------------------------------
 struct Callbacks {
@@ -81,6 +109,7 @@ struct Owner {
   PyObject* side = nullptr;
   PyObject* signature = nullptr;  // (shape, stride, dtype) of its layout, made on first use
   uintptr_t address = 0;  // its key in owners_by_address (0: none, an empty allocation)
+  c10::DeviceIndex index = current_index();  // the device it lives on (the current one)
   bool has_layout = false;
   std::vector<int64_t> sizes;
   std::vector<int64_t> strides;
@@ -125,7 +154,7 @@ c10::DataPtr device_data_ptr(size_t nbytes, Owner* owner) {
     std::lock_guard<std::mutex> lock(addresses_mutex);
     owners_by_address[at] = owner;
   }
-  return c10::DataPtr(address, owner, &release_owner, c10::Device(kDevice, 0));
+  return c10::DataPtr(address, owner, &release_owner, c10::Device(kDevice, owner->index));
 }
 
 Owner* owner_of(const c10::Storage& storage) {
@@ -189,8 +218,8 @@ PinnedAllocator pinned_allocator;
 
 // -- generators ---------------------------------------------------------------------------
 struct NeuronGeneratorImpl final : c10::GeneratorImpl {
-  explicit NeuronGeneratorImpl(at::Generator twin)
-      : c10::GeneratorImpl(c10::Device(kDevice, 0), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
+  NeuronGeneratorImpl(at::Generator twin, c10::DeviceIndex index)
+      : c10::GeneratorImpl(c10::Device(kDevice, index), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
         twin_(std::move(twin)) {}
 
   void set_current_seed(uint64_t seed) override {
@@ -227,12 +256,14 @@ struct NeuronGeneratorImpl final : c10::GeneratorImpl {
  private:
   NeuronGeneratorImpl* clone_impl() const override {
     call_synchronize();
-    return new NeuronGeneratorImpl(twin_.clone());
+    return new NeuronGeneratorImpl(twin_.clone(), device().index());
   }
   at::Generator twin_;
 };
 
-at::Generator default_generator;
+// one default generator per index, all drawing through the device's one CPU twin: the
+// indices share one queue, so they share its one random stream too
+std::vector<at::Generator> default_generators;
 
 // -- hooks --------------------------------------------------------------------------------
 struct NeuronHooks final : at::PrivateUse1HooksInterface {
@@ -246,31 +277,35 @@ struct NeuronHooks final : at::PrivateUse1HooksInterface {
     return true;
   }
   c10::DeviceIndex deviceCount() const override {
-    return 1;
+    return device_count;
   }
   c10::DeviceIndex getCurrentDevice() const override {
-    return 0;
+    return current_index();
   }
   void setCurrentDevice(c10::DeviceIndex device) const override {
-    TORCH_CHECK(device <= 0, "neuron error: invalid device ordinal: neuron:", static_cast<int>(device),
-                " does not exist; the neuron device count is 1");
+    exchange_index(device);
   }
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex device) const override {
-    setCurrentDevice(device);
-    return 0;
+    return exchange_index(device);
   }
   c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override {
-    return 0;
+    return exchange_index(device);
   }
   const at::Generator& getDefaultGenerator(c10::DeviceIndex device_index) const override {
-    TORCH_CHECK(default_generator.defined(), "the neuron device is not initialized");
-    return default_generator;
+    TORCH_CHECK(!default_generators.empty(), "the neuron device is not initialized");
+    c10::DeviceIndex index = device_index < 0 ? current_index() : device_index;
+    check_index(index);
+    return default_generators[index];
   }
   at::Generator getNewGenerator(c10::DeviceIndex device_index) const override {
-    return at::make_generator<NeuronGeneratorImpl>(at::detail::createCPUGenerator());
+    c10::DeviceIndex index = device_index < 0 ? current_index() : device_index;
+    check_index(index);
+    return at::make_generator<NeuronGeneratorImpl>(at::detail::createCPUGenerator(), index);
   }
   at::Device getDeviceFromPtr(void* data) const override {
-    return at::Device(kDevice, 0);
+    std::lock_guard<std::mutex> lock(addresses_mutex);
+    auto found = owners_by_address.find(reinterpret_cast<uintptr_t>(data));
+    return at::Device(kDevice, found == owners_by_address.end() ? current_index() : found->second->index);
   }
   bool isPinnedPtr(const void* data) const override {
     std::lock_guard<std::mutex> lock(pinned_mutex);
@@ -284,6 +319,7 @@ struct NeuronHooks final : at::PrivateUse1HooksInterface {
     TORCH_CHECK(old_owner != nullptr, "resize_: this storage was not allocated by the neuron device");
     TORCH_CHECK(callbacks.resize != nullptr, "the neuron device is not initialized");
     auto* owner = new Owner();
+    owner->index = old_owner->index;
     {
       py::gil_scoped_acquire gil;
       PyObject* side = PyObject_CallFunction(
@@ -467,6 +503,7 @@ void regrow(const at::Tensor& tensor, int64_t nbytes) {
   Owner* old_owner = owner_of(tensor.storage());
   TORCH_CHECK(old_owner != nullptr, "this storage was not allocated by the neuron device");
   auto* owner = new Owner();
+  owner->index = old_owner->index;
   if (old_owner->side != nullptr) {
     Py_INCREF(old_owner->side);
     owner->side = old_owner->side;
@@ -490,19 +527,96 @@ py::object twin(py::object generator) {
   return py::reinterpret_steal<py::object>(THPGenerator_Wrap(impl->twin()));
 }
 
+// -- the device guard ---------------------------------------------------------------------
+// What c10::DeviceGuard, the autograd engine's device threads and torch.accelerator call.
+// Streams: every index has only its default stream here (torch.neuron.Stream, Python,
+// names the rest), and events are no-ops: one in-order queue keeps every order.
+struct NeuronGuardImpl final : c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override {
+    return kDevice;
+  }
+  c10::Device exchangeDevice(c10::Device device) const override {
+    return c10::Device(kDevice, exchange_index(device.index()));
+  }
+  c10::Device getDevice() const override {
+    return c10::Device(kDevice, current_index());
+  }
+  void setDevice(c10::Device device) const override {
+    exchange_index(device.index());
+  }
+  void uncheckedSetDevice(c10::Device device) const noexcept override {
+    if (device.index() >= 0 && device.index() < device_count) {
+      thread_index = device.index();
+    }
+  }
+  c10::Stream getStream(c10::Device device) const override {
+    return c10::Stream(c10::Stream::DEFAULT, on_index(device));
+  }
+  c10::Stream getNewStream(c10::Device device, int /*priority*/) const override {
+    return c10::Stream(c10::Stream::DEFAULT, on_index(device));
+  }
+  c10::Stream exchangeStream(c10::Stream stream) const override {
+    return c10::Stream(c10::Stream::DEFAULT, on_index(stream.device()));
+  }
+  c10::DeviceIndex deviceCount() const noexcept override {
+    return device_count;
+  }
+  void record(void** /*event*/, const c10::Stream& /*stream*/, const c10::DeviceIndex /*device_index*/,
+              const c10::EventFlag /*flag*/) const override {}
+  void block(void* /*event*/, const c10::Stream& /*stream*/) const override {}
+  bool queryEvent(void* /*event*/) const override {
+    return true;
+  }
+  void destroyEvent(void* /*event*/, const c10::DeviceIndex /*device_index*/) const noexcept override {}
+  bool queryStream(const c10::Stream& /*stream*/) const override {
+    return true;
+  }
+  void synchronizeStream(const c10::Stream& /*stream*/) const override {
+    call_synchronize();
+  }
+  void synchronizeDevice(const c10::DeviceIndex /*device_index*/) const override {
+    call_synchronize();
+  }
+
+ private:
+  static c10::Device on_index(c10::Device device) {
+    return c10::Device(kDevice, device.index() < 0 ? current_index() : device.index());
+  }
+};
+
 NeuronHooks* hooks = nullptr;
 
-// init(default_twin, synchronize, resize): register the allocators and hooks (once).
-void init(py::object default_twin, py::object synchronize, py::object resize) {
+// init(default_twin, synchronize, resize, count, initial): register the allocators, hooks
+// and device guard (once), for `count` devices with `initial` current on every thread
+// that sets none.
+void init(py::object default_twin, py::object synchronize, py::object resize, int count, int initial) {
   if (hooks != nullptr) {
     return;
   }
+  TORCH_CHECK(count >= 1 && count <= 64, "neuron: the device count must be 1..64, not ", count);
+  TORCH_CHECK(initial >= 0 && initial < count, "neuron: the initial device must be below the count");
+  device_count = static_cast<c10::DeviceIndex>(count);
+  initial_index = static_cast<c10::DeviceIndex>(initial);
   callbacks.synchronize = synchronize.release().ptr();
   callbacks.resize = resize.release().ptr();
-  default_generator = at::make_generator<NeuronGeneratorImpl>(THPGenerator_Unwrap(default_twin.ptr()));
+  at::Generator twin = THPGenerator_Unwrap(default_twin.ptr());
+  for (int index = 0; index < count; ++index) {
+    default_generators.push_back(at::make_generator<NeuronGeneratorImpl>(twin, static_cast<c10::DeviceIndex>(index)));
+  }
   c10::SetAllocator(kDevice, &device_allocator);
+  static NeuronGuardImpl guard;
+  c10::impl::registerDeviceGuard(kDevice, &guard);
   hooks = new NeuronHooks();
   at::RegisterPrivateUse1HooksInterface(hooks);
+}
+
+// current_device() / exchange_device(index) -> previous: the calling thread's device.
+int current_device() {
+  return current_index();
+}
+
+int exchange_device(int index) {
+  return exchange_index(static_cast<c10::DeviceIndex>(index));
 }
 
 }  // namespace neuron
@@ -514,5 +628,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("side_of", &neuron::side_of);
   m.def("regrow", &neuron::regrow);
   m.def("twin", &neuron::twin);
+  m.def("current_device", &neuron::current_device);
+  m.def("exchange_device", &neuron::exchange_device);
   PyModule_AddFunctions(m.ptr(), neuron::hot_methods);
 }
