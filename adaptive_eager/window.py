@@ -13,7 +13,9 @@ Ops on ``neuron`` are recorded into the window, not launched. The window is flus
   ``NEURON_ADAPTIVE_MIN_WINDOW`` ops, it is flushed as soon as the device's simulated
   backlog falls to ``NEURON_ADAPTIVE_SHALLOW_US`` or below (the device is about to starve:
   feed it now). While the device is busy (deep queue), the window keeps buffering, so
-  longer chains fuse. The backlog is simulated (``ExecutionQueue.backlog_us``), so windows,
+  longer chains fuse. It never flushes between two foreach ops: a multi-tensor chain (an
+  optimizer step) stays in one window, so the foreach loop rule makes it one kernel. The
+  backlog is simulated (``ExecutionQueue.backlog_us``), so windows,
   plans and statistics are the same on every run.
 
 At a flush the window's structure (op signatures, data flow, aliasing, which outputs are
@@ -28,7 +30,7 @@ import torch
 from adaptive_eager_device.config import CONFIG
 from adaptive_eager_device.queue import QUEUE
 from .fusion.caches import CountingLRU
-from .fusion.categories import BARRIER, category
+from .fusion.categories import BARRIER, FOREACH, category
 from .fusion.kernels import FAILED_SIGNATURES, KernelCache, WindowLaunches
 from .fusion.matching import checks_pass
 from .fusion.planner import plan_window
@@ -61,8 +63,8 @@ class AdaptiveSink:
         self.plan_cache = CountingLRU(maxsize=1024)  # plans by window structure
         self.kernel_cache = KernelCache()
         self.unfusable: set = set()
-        # id(op) -> is it a barrier: an int key hashes in C, an OpOverload in Python
-        self.barrier_by_op: dict = {}
+        # id(op) -> its fusion category: an int key hashes in C, an OpOverload in Python
+        self.kind_by_op: dict = {}
         if shared_caches:
             FUSION.caches["plan_cache"] = self.plan_cache
             FUSION.caches["kernel_cache"] = self.kernel_cache
@@ -70,10 +72,10 @@ class AdaptiveSink:
     # -- recording ---------------------------------------------------------------------
     def record(self, record) -> None:
         op = record.op
-        barrier = self.barrier_by_op.get(id(op))
-        if barrier is None:
-            barrier = self.barrier_by_op[id(op)] = category(op) is BARRIER
-        if barrier:
+        kind = self.kind_by_op.get(id(op))
+        if kind is None:
+            kind = self.kind_by_op[id(op)] = category(op)
+        if kind is BARRIER:
             self.flush(f"barrier: {record.name}")
             self._launch_single(record)
             return
@@ -85,7 +87,9 @@ class AdaptiveSink:
         if count >= policy.max_ops:
             self.flush("window_full")
             records = self.records
-        elif count >= policy.min_ops and QUEUE.device_free_us - QUEUE.host_us <= policy.shallow_us:
+        elif count >= policy.min_ops and QUEUE.device_free_us - QUEUE.host_us <= policy.shallow_us and not (
+            kind is FOREACH and self.kind_by_op.get(id(records[-1].op)) is FOREACH
+        ):  # (a multi-tensor chain, an optimizer step, stays in one window: one kernel)
             self.flush("queue_shallow")  # the device is starved (QUEUE.backlog_us(), inlined)
             records = self.records
         records.append(record)

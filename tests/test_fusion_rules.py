@@ -301,6 +301,31 @@ def test_window_full_stream_change_and_queue_shallow_flushes():
     assert reasons["queue_shallow"] >= 1
 
 
+def test_queue_shallow_never_splits_a_multi_tensor_chain():
+    """The policy flushes when the device starves, but not between two foreach ops: an
+    optimizer step stays one window, so one kernel (split, AdamW moved 12 tensors' bytes
+    per parameter in 4 kernels instead of 7 in 1)."""
+    policy = _adaptive_sink().policy
+    cpu = [nn.Parameter(torch.randn(shape)) for shape in ((64, 32), (32,))]
+    params = [nn.Parameter(p.detach().to("neuron")) for p in cpu]
+    for p, q in zip(params, cpu):
+        q.grad = torch.randn(q.shape)
+        p.grad = q.grad.to("neuron")
+    optimizers = [torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1) for ps in (params, cpu)]
+    for optimizer in optimizers:
+        optimizer.step()
+    torch.neuron.synchronize()
+    policy.min_ops, policy.shallow_us = 2, 10**9  # always "starved": flush at 2 ops
+    adaptive_eager.reset_stats()
+    for optimizer in optimizers:
+        optimizer.step()
+    for p, q in zip(params, cpu):
+        assert_same(p.detach(), q.detach())
+    stats = adaptive_eager.stats()
+    assert stats["ops_recorded"] >= 8 and stats["kernels_launched"] == 1, stats["flushes"]
+    assert stats["bytes_moved"] == 7 * sum(q.numel() * 4 for q in cpu)
+
+
 # -- the on-chip rule ---------------------------------------------------------------------
 
 
