@@ -333,6 +333,44 @@ def test_attention_in_training_writes_back_the_weights_backward_needs(masking):
     assert patterns()["attention"]["matched"] == 1
 
 
+def test_attention_in_training_moves_q_k_v_o_and_the_logsumexp_only():
+    """Modelled as a flash kernel: the scores never leave on-chip memory; autograd's kept
+    softmax output is charged as one float32 per row (the logsumexp its backward uses)."""
+    q, k, v = qkv()
+    fill = (torch.tril(torch.ones(8, 8)) == 0)[None, None]
+    device_leaves = [t.to("neuron").requires_grad_(True) for t in (q, k, v)]
+    (device_fill,) = on_device(fill)
+    out = eager_attention(*device_leaves, fill=device_fill)
+    assert_same(out, eager_attention(q, k, v, fill=fill), rtol=0, atol=0)
+    assert patterns()["attention"] == {"matched": 1, "ops": 5}
+    rows = 2 * 4 * 8  # batch x heads x queries
+    assert adaptive_eager.stats()["kernels_launched"] == 1
+    assert adaptive_eager.stats()["bytes_moved"] == 4 * q.nbytes + fill.nbytes + rows * 4  # q, k, v, o; lse
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_cross_entropy_is_one_pass_over_the_logits(training):
+    """log_softmax + nll_loss: the logits read once; in training the log-probabilities
+    autograd keeps are charged as their logsumexp (one float32 per row), and the backward
+    matches the CPU's."""
+    logits, target = torch.randn(32, 40), torch.randint(0, 40, (32,), generator=torch.Generator().manual_seed(0))
+    leaf = logits.to("neuron").requires_grad_(training)
+    (device_target,) = on_device(target)
+    loss = F.cross_entropy(leaf, device_target)
+    cpu_leaf = logits.clone().requires_grad_(training)
+    expected = F.cross_entropy(cpu_leaf, target)
+    assert_same(loss, expected, rtol=0, atol=0)
+    assert patterns()["cross_entropy"] == {"matched": 1, "ops": 2}
+    assert adaptive_eager.stats()["kernels_launched"] == 1
+    # the loss; in training also what autograd keeps: nll_loss's total weight, the lse
+    kept = 4 + 32 * 4 if training else 0
+    assert adaptive_eager.stats()["bytes_moved"] == logits.nbytes + target.nbytes + 4 + kept
+    if training:
+        loss.backward()
+        expected.backward()
+        assert_same(leaf.grad, cpu_leaf.grad)
+
+
 def test_attention_not_matched_when_the_mask_comes_before_the_scale():
     """(q @ k^T + mask) * scale is not SDPA's order (it scales, then adds the mask)."""
     q, k, v = qkv()
