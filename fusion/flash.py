@@ -21,6 +21,7 @@ backward reads the logits or Q and K to recompute it.
 """
 from __future__ import annotations
 
+import math
 from typing import List, Optional
 
 import torch
@@ -155,3 +156,90 @@ def _cross_entropy(x: torch.Tensor, target: torch.Tensor, dim: int, reduction: i
     log_probs = torch.ops.aten._log_softmax(x, dim, False)
     loss, total_weight = torch.ops.aten.nll_loss_forward(log_probs, target, None, reduction, ignore_index)
     return [loss, total_weight, log_probs] if export else [loss, total_weight]
+
+
+def _storage(ref):
+    return ref.storage if type(ref) is ViewRef else ref if type(ref) is DeviceStorage else None
+
+
+def _bmm_reading(ctx: Context, storage, before: int, exclude=()):
+    """The unclaimed bmm before ``before`` that reads ``storage`` (one), or None."""
+    found = [r for r in ctx.readers.get(storage, ()) if r < before and r not in exclude and r not in ctx.claimed
+             and ctx.name(r) == "aten::bmm"]
+    return found[0] if len(set(found)) == 1 else None
+
+
+def match_attention_backward(ctx: Context, root: int):
+    """Autograd's backward of the attention chain: dV = P^T dO, dP = dO V^T,
+    dS = softmax_backward(dP, P) (masked_fill(mask, 0)) * scale, dQ and dK from two bmms
+    reading dS -> one flash backward kernel. It reads Q, K, V, dO, O and the logsumexp,
+    not P (charged so: module docstring), and writes dQ, dK and dV."""
+    if ctx.name(root) != "aten::bmm":
+        return None
+    for index in (1, 0):
+        scaled = ctx.source_reshaped(root, index, "aten::mul") or ctx.source_reshaped(root, index, "aten::div")
+        if scaled is not None:
+            break
+    else:
+        return None
+    factor = ctx.arg(scaled, 1)
+    if type(factor) is not float:
+        return None
+    masked = ctx.source(scaled, 0, "aten::masked_fill")
+    grad = ctx.source(masked if masked is not None else scaled, 0, "aten::_softmax_backward_data")
+    if grad is None or (masked is not None and ctx.arg(masked, 2) != 0):
+        return None
+    probs = ctx.arg(grad, 1)
+    dp = ctx.source_reshaped(grad, 0, "aten::bmm")
+    if type(probs) is not DeviceStorage or dp is None or len(probs.shape) != 4 or ctx.arg(grad, 2) not in (-1, 3):
+        return None
+    if ctx.arg(grad, 3) != probs.dtype:
+        return None
+    scaled_storage = ctx.records[scaled].results[0]
+    other = _bmm_reading(ctx, scaled_storage, root)
+    dv = _bmm_reading(ctx, probs, root, exclude=(grad,))
+    if other is None or dv is None or _storage(ctx.arg(dv, 1)) is not _storage(ctx.arg(dp, 0)):
+        return None
+    if any(reader < root for out in (dv, other) for reader in ctx.readers.get(ctx.records[out].results[0], ())):
+        return None  # (the kernel runs at its last op: no one may read its outputs before)
+    other_index = 1 if _storage(ctx.arg(other, 1)) is scaled_storage else 0
+    chain = [dp, grad] + ([masked] if masked is not None else [])
+    if not (all(ctx.private(p, 1) for p in chain) and ctx.private(scaled, 2)):
+        return "intermediate escapes or is shared"
+    batch, heads, queries = probs.shape[0], probs.shape[1], probs.shape[2]
+    grad_out = ctx.arg(dp, 0)
+    lse_and_o = batch * heads * queries * _LSE_ITEMSIZE + math.prod(grad_out.shape) * _storage(grad_out).dtype.itemsize
+    inputs = [(dv, 0), (dv, 1), (dp, 0), (dp, 1), (grad, 1), (other, 1 - other_index), (root, 1 - index)]
+    checks = [(scaled, 1, factor)] + ([(masked, 2, 0)] if masked is not None else [])
+    return Match(
+        "attention_backward", [dv, dp, grad, scaled, other, root] + ([masked] if masked is not None else []),
+        _attention_backward if masked is not None else _attention_backward_unmasked,
+        inputs + ([(masked, 1)] if masked is not None else []),
+        [(dv, 0), (other, 0), (root, 0)], checks,
+        constants={"factor": factor, "divide": ctx.name(scaled) == "aten::div", "other_index": other_index,
+                   "root_index": index},
+        charges=[(grad, ~1, lse_and_o)],  # P is recomputed from Q, K and the lse; D = rowsum(dO * O) reads O
+    )
+
+
+def _attention_backward(pt: torch.Tensor, grad_v: torch.Tensor, grad_p: torch.Tensor, vt: torch.Tensor,
+                        probs: torch.Tensor, other: torch.Tensor, last: torch.Tensor, mask: Optional[torch.Tensor],
+                        factor: float, divide: bool, other_index: int, root_index: int) -> List[torch.Tensor]:
+    """The backward's ops themselves, in their order: bit-identical to them."""
+    dv = torch.bmm(pt, grad_v)
+    dp = torch.bmm(grad_p, vt)
+    ds = torch._softmax_backward_data(dp.view(probs.shape), probs, -1, probs.dtype)
+    if mask is not None:
+        ds = ds.masked_fill(mask, 0)
+    ds = ds / factor if divide else ds * factor
+    ds3 = ds.view(-1, ds.size(-2), ds.size(-1))
+    first = torch.bmm(other, ds3) if other_index == 1 else torch.bmm(ds3, other)
+    second = torch.bmm(last, ds3) if root_index == 1 else torch.bmm(ds3, last)
+    return [dv, first, second]
+
+
+def _attention_backward_unmasked(pt: torch.Tensor, grad_v: torch.Tensor, grad_p: torch.Tensor, vt: torch.Tensor,
+                                 probs: torch.Tensor, other: torch.Tensor, last: torch.Tensor, factor: float,
+                                 divide: bool, other_index: int, root_index: int) -> List[torch.Tensor]:
+    return _attention_backward(pt, grad_v, grad_p, vt, probs, other, last, None, factor, divide, other_index,
+                               root_index)

@@ -28,8 +28,9 @@ class PatternSpec:
         self.outputs = outputs  # ((offset, result index), ...) the kernel writes
         self.checks = checks  # ((offset, arg index, value), ...) re-checked at launch
         self.constants = constants  # keyword arguments of impl
-        # ((offset, result index, bytes), ...): exports the modelled kernel does not write
-        # whole, and the bytes it writes instead (fusion/kernels.py counts those)
+        # ((offset, result index or ~argument index, bytes), ...): outputs it does not
+        # write whole, inputs it does not read whole, and the bytes it moves instead
+        # (fusion/kernels.py counts those)
         self.charges = charges
 
 
@@ -48,7 +49,8 @@ class Match:
         self.constants = constants or {}
         # ((position, result index, bytes), ...): an export the modelled library kernel
         # does not write back whole (a flash kernel's scores: it writes their row
-        # log-sum-exp, and its backward recomputes them), charged at ``bytes`` instead
+        # log-sum-exp, and its backward recomputes them), charged at ``bytes`` instead;
+        # ``~argument index`` in place of the result index: an input it does not read whole
         self.charges = tuple(charges)
 
     def spec(self, kernel_members) -> PatternSpec:

@@ -39,7 +39,7 @@ import torch
 
 from adaptive_eager_device.storage import DeviceStorage, ViewRef
 
-from .flash import match_attention, match_cross_entropy
+from .flash import match_attention, match_attention_backward, match_cross_entropy
 from .matching import Context, Match, checks_pass, dims_of
 
 
@@ -349,6 +349,7 @@ def _addmm(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> List[to
 # (pattern name, matcher, one-line comment): the table, tried from each window's end.
 PATTERNS = [
     ("attention", match_attention, "q @ k^T * scale (+ mask), softmax, @ v -> one kernel, scores updated in place"),
+    ("attention_backward", match_attention_backward, "dV, dP, softmax backward, scale, dQ, dK -> one flash backward"),
     ("rotary", match_rotary, "x * cos + cat(-x2, x1) * sin: rotary embedding without the rotated copy"),
     ("softmax", match_softmax, "exp(x - amax) / sum(exp): the max-subtracted softmax, one kernel"),
     ("log_softmax", match_log_softmax, "x - amax - log(sum(exp)): log-softmax, one kernel"),
@@ -360,6 +361,16 @@ PATTERNS = [
     ("linear_bias", match_linear_bias, "mm + bias add -> addmm"),
     ("cross_entropy", match_cross_entropy, "log_softmax, nll_loss -> one pass over the logits, their lse saved"),
 ]
+
+
+# What each library kernel is to the loop rules: a matmul (takes an epilogue, no
+# prologue), a reduction (prologue and epilogue over its input's or output's elements),
+# or pointwise (None). A kernel absent from this table fuses with nothing.
+KINDS = {
+    "attention": "matmul", "attention_backward": "matmul", "linear_bias": "matmul",
+    "softmax": "reduction", "log_softmax": "reduction", "rms_norm": "reduction", "layer_norm": "reduction",
+    "cross_entropy": "reduction", "gelu_tanh": None, "gelu_erf": None, "silu": None, "rotary": None,
+}
 
 
 def find_patterns(records, escapes) -> tuple[list, dict]:

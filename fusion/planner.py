@@ -22,6 +22,8 @@ ends when legal. What may share a kernel:
   (ops over its input's or its output's elements);
 - one matmul-like op with its pointwise epilogue (bias, activation, residual: ops over its
   output's elements). A matmul takes no prologue: it closes the window behind it;
+- a library kernel (``fusion/patterns.py``) as the op it stands for: a matmul, a
+  reduction or a pointwise op (``patterns.KINDS``), over its outputs' elements;
 - multi-tensor (foreach) ops over one tensor group (the same number of elements at each
   position of their lists): an optimizer step over every parameter, as ``_fused_adamw_``.
 
@@ -42,7 +44,7 @@ from adaptive_eager_device.queue import BatchCost
 from .categories import BARRIER, FOREACH, MATMUL, OPAQUE, REDUCTION, category
 from .graph import build_graph, would_create_cycle
 from .kernels import group_spec
-from .patterns import find_patterns
+from .patterns import KINDS as LIBRARY_KINDS, find_patterns
 
 LOG = logging.getLogger("adaptive_eager.fusion")
 _CAT = torch.ops.aten.cat.default
@@ -109,6 +111,20 @@ class Group:
         self.matches += other.matches
 
 
+def _as_library_kernel(group: Group, match, records) -> None:
+    """A matched chain's group, to the loop rules: anchored like the library kernel's kind
+    (``patterns.KINDS``), over its outputs' elements (and its inputs', for a reduction)."""
+    kind = LIBRARY_KINDS.get(match.name)
+    numels = {math.prod(records[p].results[r].shape) for p, r in match.outputs}
+    if kind == REDUCTION:
+        numels.update(math.prod(getattr(records[p].args[a], "shape", ())) for p, a in match.inputs)
+    group.numels = numels
+    if kind in _ANCHORS:
+        group.anchor, group.anchor_kind = match.members[-1], kind
+    else:
+        group.anchor, group.anchor_kind = None, None
+
+
 def _group_numels(record) -> tuple:
     """Elements of each tensor of a foreach op's first list: the group it loops over."""
     first = record.args[0] if record.args else ()
@@ -125,8 +141,9 @@ def loop_rules(producer: Group, consumer: Group, edge, kinds, records) -> Refusa
     """What a kernel that streams its tensors through device memory can hold (see the
     module docstring): one anchor, one iteration space, no matmul prologue, no opaque op."""
     for group in (producer, consumer):
-        if group.matches:
-            return Refusal(f"library kernel: {group.matches[0].name}")
+        for match in group.matches:
+            if match.name not in LIBRARY_KINDS:
+                return Refusal(f"library kernel: {match.name}")
         for index in group.members:
             if kinds[index] in (OPAQUE, BARRIER):
                 return Refusal(f"opaque op: {records[index].name}")
@@ -140,7 +157,9 @@ def loop_rules(producer: Group, consumer: Group, edge, kinds, records) -> Refusa
                 or _broadcast_into(producer, consumer)):
             return Refusal("different iteration spaces")
     else:
-        if anchored.anchor_kind == MATMUL and edge[1] == anchored.anchor:
+        if anchored.anchor_kind == MATMUL and (edge[1] == anchored.anchor or any(
+            LIBRARY_KINDS[match.name] == MATMUL and edge[1] in match.members for match in anchored.matches
+        )):
             return Refusal("a matmul takes no prologue")
         other = consumer if anchored is producer else producer
         if not (other.numels <= anchored.numels or (other is producer and _broadcast_into(producer, consumer))):
@@ -316,6 +335,7 @@ def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_c
                 head.absorb(groups.pop(index), False)
                 group_of[index] = first
             head.matches.append(match)
+            _as_library_kernel(head, match, records)
 
     candidates = sorted(
         ((score(u, v, records), u, v) for u, v, kind in graph.edges(data="kind") if kind == "raw"),
