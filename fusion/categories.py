@@ -51,6 +51,8 @@ POINTWISE_EXTRA = {
     # it), an embedding gather (one row of the table per index), and nll_loss's backward
     # (a scatter of one value per row into a zero gradient)
     "aten::cat", "aten::embedding", "aten::nll_loss_backward",
+    # generators: pointwise over their output, reading nothing
+    "aten::arange", "aten::ones", "aten::zeros",
 }
 REDUCTION_EXTRA = {
     "aten::_softmax", "aten::_log_softmax", "aten::_softmax_backward_data",
