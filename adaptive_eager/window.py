@@ -6,14 +6,16 @@ interception and the execution queue) and :class:`WindowPolicy` (its thresholds)
 Ops on ``neuron`` are recorded into the window, not launched. The window is flushed:
 
 - at a sync point (host reads, ``synchronize``, data-dependent shapes, CPU fallbacks);
-- when it holds ``NEURON_ADAPTIVE_WINDOW`` ops (Flush.WINDOW_FULL);
+- when it holds ``NEURON_ADAPTIVE_WINDOW`` ops ("window_full");
 - before a barrier op, which then runs alone ("barrier: <op>");
 - on a stream change, an event record or a mode change;
-- by the adaptive policy (Flush.QUEUE_SHALLOW): once the window holds
+- by the adaptive policy ("queue_shallow"): once the window holds
   ``NEURON_ADAPTIVE_MIN_WINDOW`` ops, it is flushed as soon as the device's simulated
   backlog falls to ``NEURON_ADAPTIVE_SHALLOW_US`` or below (the device is about to starve:
   feed it now). While the device is busy (deep queue), the window keeps buffering, so
-  longer chains fuse. The backlog is simulated (``ExecutionQueue.backlog_us``), so windows,
+  longer chains fuse. It never flushes between two foreach ops: a multi-tensor chain (an
+  optimizer step) stays in one window, so the foreach loop rule makes it one kernel. The
+  backlog is simulated (``ExecutionQueue.backlog_us``), so windows,
   plans and statistics are the same on every run.
 
 At a flush the window's structure (op signatures, data flow, aliasing, which outputs are
@@ -29,7 +31,7 @@ from adaptive_eager_device.config import CONFIG
 from adaptive_eager_device.queue import QUEUE
 from adaptive_eager_device.reasons import Flush
 from .fusion.caches import CountingLRU
-from .fusion.categories import BARRIER, category
+from .fusion.categories import BARRIER, FOREACH, category
 from .fusion.kernels import FAILED_SIGNATURES, KernelCache, WindowLaunches
 from .fusion.matching import checks_pass
 from .fusion.planner import plan_window
@@ -62,8 +64,8 @@ class AdaptiveSink:
         self.plan_cache = CountingLRU(maxsize=1024)  # plans by window structure
         self.kernel_cache = KernelCache()
         self.unfusable: set = set()
-        # id(op) -> is it a barrier: an int key hashes in C, an OpOverload in Python
-        self.barrier_by_op: dict = {}
+        # id(op) -> its fusion category: an int key hashes in C, an OpOverload in Python
+        self.kind_by_op: dict = {}
         if shared_caches:
             FUSION.caches["plan_cache"] = self.plan_cache
             FUSION.caches["kernel_cache"] = self.kernel_cache
@@ -71,10 +73,10 @@ class AdaptiveSink:
     # -- recording ---------------------------------------------------------------------
     def record(self, record) -> None:
         op = record.op
-        barrier = self.barrier_by_op.get(id(op))
-        if barrier is None:
-            barrier = self.barrier_by_op[id(op)] = category(op) is BARRIER
-        if barrier:
+        kind = self.kind_by_op.get(id(op))
+        if kind is None:
+            kind = self.kind_by_op[id(op)] = category(op)
+        if kind is BARRIER:
             self.flush(Flush.BARRIER.of(record.name))
             self._launch_single(record)
             return
@@ -86,7 +88,9 @@ class AdaptiveSink:
         if count >= policy.max_ops:
             self.flush(Flush.WINDOW_FULL)
             records = self.records
-        elif count >= policy.min_ops and QUEUE.device_free_us - QUEUE.host_us <= policy.shallow_us:
+        elif count >= policy.min_ops and QUEUE.device_free_us - QUEUE.host_us <= policy.shallow_us and not (
+            kind is FOREACH and self.kind_by_op.get(id(records[-1].op)) is FOREACH
+        ):  # (a multi-tensor chain, an optimizer step, stays in one window: one kernel)
             self.flush(Flush.QUEUE_SHALLOW)  # the device is starved (QUEUE.backlog_us(), inlined)
             records = self.records
         records.append(record)

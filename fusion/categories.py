@@ -3,7 +3,8 @@
 Entry point: :func:`category` (cached per op name).
 
 - ``POINTWISE``: one output element from the same-position input elements, with
-  broadcasting (aten's ``pointwise`` tag, plus casts, ``where``, fills and copies);
+  broadcasting (aten's ``pointwise`` tag, plus casts, ``where``, fills and copies), or
+  from one indexed element (``cat``, ``embedding``, ``nll_loss_backward``);
 - ``REDUCTION``: reduces dimensions (aten's ``reduction`` tag, softmax-like ops);
 - ``MATMUL``: matmul-like (mm, addmm, bmm, baddbmm, convolution, attention);
 - ``RANDOM``: draws from the device generator (``nondeterministic_seeded``, or takes a
@@ -13,8 +14,8 @@ Entry point: :func:`category` (cached per op name).
   an optimizer step over every parameter): pointwise over each position of their tensor
   lists, so a chain of them over the same tensor group is one loop nest per position,
   as ``_fused_adamw_`` runs (the loop rules fuse them by that group's shape);
-- ``OPAQUE``: known aten ops that run as a kernel of their own (embedding, cat, scatter,
-  layer norm...): they stay in the window, they just do not fuse;
+- ``OPAQUE``: known aten ops that run as a kernel of their own (index_put, scatter,
+  sort...): they stay in the window, they just do not fuse;
 - ``BARRIER``: anything unknown (ops outside the aten namespace): the window is flushed
   before it, and it runs alone.
 
@@ -44,6 +45,14 @@ POINTWISE_EXTRA = {
     "aten::softplus_backward", "aten::lerp_", "aten::lerp", "aten::addcmul_", "aten::addcdiv_",
     "aten::addcmul", "aten::addcdiv", "aten::fill", "aten::full_like", "aten::zeros_like",
     "aten::ones_like", "aten::scalar_tensor", "aten::full", "aten::triu", "aten::tril",
+    # pointwise over their output, each element read from one place of an input, as a
+    # compiler fuses them: cat (an output element reads one of its inputs' elements; the
+    # planner gives it its inputs' iteration spaces too, so their producers fuse with
+    # it), an embedding gather (one row of the table per index), and nll_loss's backward
+    # (a scatter of one value per row into a zero gradient)
+    "aten::cat", "aten::embedding", "aten::nll_loss_backward",
+    # generators: pointwise over their output, reading nothing
+    "aten::arange", "aten::ones", "aten::zeros",
 }
 REDUCTION_EXTRA = {
     "aten::_softmax", "aten::_log_softmax", "aten::_softmax_backward_data",
@@ -53,6 +62,9 @@ REDUCTION_EXTRA = {
     "aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::native_group_norm",
     "aten::native_batch_norm", "aten::_native_batch_norm_legit",
     "aten::_native_batch_norm_legit_no_training", "aten::native_batch_norm_backward",
+    # a gather and sum of one value per row (cross-entropy's loss); a scatter-add of the
+    # gradient's rows into the table's (over the gradient's elements, with a prologue)
+    "aten::nll_loss_forward", "aten::embedding_dense_backward",
 }
 # foreach ops that reduce each tensor (not pointwise)
 FOREACH_REDUCTIONS = {"aten::_foreach_norm", "aten::_foreach_max"}

@@ -159,6 +159,21 @@ def _build_spec(members, records, dead, signature, patterns=(), repeats=1, dead_
         for storage, nbytes in zip(record.writes, cost.write_bytes):
             if storage not in dead_storages and storage not in dead_writes:
                 written[storage] = max(written.get(storage, 0), nbytes)
+    # what a library kernel does not move whole (a flash kernel writes and reads row
+    # statistics in place of its scores) counts the bytes it moves instead: a result
+    # (position >= 0) it writes, or an input it reads (position ~argument index)
+    for pattern in patterns:
+        for offset, position, charged in pattern.charges:
+            record = records[members[offset]]
+            if position >= 0:
+                storage = record.results[position]
+                if storage in written:
+                    written[storage] = charged
+            else:
+                ref = record.args[~position]
+                storage = getattr(ref, "storage", ref)
+                if storage in external_reads:
+                    external_reads[storage] = charged
     # a library kernel reads its chain's inputs where it runs: at the chain's last op
     runs_at = {offset: pattern.root for pattern in patterns for offset in pattern.members}
     last_read: dict = {}

@@ -15,9 +15,9 @@ from adaptive_eager_device.storage import DeviceStorage, ViewRef
 class PatternSpec:
     """A matched chain inside a fused kernel, by offsets within the kernel's members."""
 
-    __slots__ = ("name", "impl", "members", "root", "inputs", "outputs", "checks", "constants")
+    __slots__ = ("name", "impl", "members", "root", "inputs", "outputs", "checks", "constants", "charges")
 
-    def __init__(self, name, impl, members, inputs, outputs, checks, constants) -> None:
+    def __init__(self, name, impl, members, inputs, outputs, checks, constants, charges=()) -> None:
         self.name = name
         # (*input tensors, **constants) -> [output tensors]; TorchScript-able, so that a
         # built kernel (fusion/compiled.py) can call it
@@ -28,14 +28,18 @@ class PatternSpec:
         self.outputs = outputs  # ((offset, result index), ...) the kernel writes
         self.checks = checks  # ((offset, arg index, value), ...) re-checked at launch
         self.constants = constants  # keyword arguments of impl
+        # ((offset, result index or ~argument index, bytes), ...): outputs it does not
+        # write whole, inputs it does not read whole, and the bytes it moves instead
+        # (fusion/kernels.py counts those)
+        self.charges = charges
 
 
 class Match:
     """A matched chain, by window positions (the planner places it in a kernel)."""
 
-    __slots__ = ("name", "members", "impl", "inputs", "outputs", "checks", "constants")
+    __slots__ = ("name", "members", "impl", "inputs", "outputs", "checks", "constants", "charges")
 
-    def __init__(self, name, members, impl, inputs, outputs, checks=(), constants=None) -> None:
+    def __init__(self, name, members, impl, inputs, outputs, checks=(), constants=None, charges=()) -> None:
         self.name = name
         self.members = tuple(sorted(set(members)))
         self.impl = impl
@@ -43,6 +47,11 @@ class Match:
         self.outputs = tuple(outputs)
         self.checks = tuple(checks)
         self.constants = constants or {}
+        # ((position, result index, bytes), ...): an export the modelled library kernel
+        # does not write back whole (a flash kernel's scores: it writes their row
+        # log-sum-exp, and its backward recomputes them), charged at ``bytes`` instead;
+        # ``~argument index`` in place of the result index: an input it does not read whole
+        self.charges = tuple(charges)
 
     def spec(self, kernel_members) -> PatternSpec:
         """This match inside the kernel whose window positions are ``kernel_members``."""
@@ -55,6 +64,7 @@ class Match:
             tuple((offset[p], r) for p, r in self.outputs),
             tuple((offset[p], a, v) for p, a, v in self.checks),
             self.constants,
+            tuple((offset[p], r, nbytes) for p, r, nbytes in self.charges),
         )
 
 

@@ -15,7 +15,9 @@ scale) are checked again at every launch, since plan-cache keys hold float types
 values; a launch whose constants differ runs the chain op by op.
 
 A matched chain is one unit of its kernel: alone, or inside a larger kernel when the
-on-chip rule merges it with its neighbours. Implementations are TorchScript-able, so a
+on-chip rule merges it with its neighbours. Attention and cross-entropy
+(``fusion/flash.py``) are modelled as SBUF-tiled kernels: their traffic is their inputs
+and outputs, with a row log-sum-exp written in place of the scores autograd keeps. Implementations are TorchScript-able, so a
 hot kernel holding one is built (``fusion/compiled.py``) like any other.
 
 Tolerances against the unfused ops, each checked by a test (``tests/test_patterns.py``):
@@ -25,6 +27,7 @@ Tolerances against the unfused ops, each checked by a test (``tests/test_pattern
 - RMSNorm, layer norm: 1e-5 (the variance is accumulated in one pass);
 - linear + bias: 1e-6 (addmm adds the bias inside the GEMM);
 - attention: exact (the same ops, with the scores scaled, masked and normalized in place);
+- cross-entropy: exact (the same two ops);
 - rotary: 1e-6 (the rotated half is added with addcmul, one rounding less).
 """
 from __future__ import annotations
@@ -36,6 +39,7 @@ import torch
 
 from adaptive_eager_device.storage import DeviceStorage, ViewRef
 
+from .flash import match_attention, match_attention_backward, match_cross_entropy
 from .matching import Context, Match, checks_pass, dims_of
 
 
@@ -287,85 +291,6 @@ def match_linear_bias(ctx: Context, root: int):
     return Match("linear_bias", [product, root], _addmm, [(root, 1), (product, 0), (product, 1)], [(root, 0)])
 
 
-def match_attention(ctx: Context, root: int):
-    """Attention written by hand, as matmul lowers it: bmm(q, k^T), times (or divided by) a
-    scale, an optional additive or masked_fill(mask, -inf) mask, softmax over the last dim,
-    bmm with v -> one kernel that scales, masks and normalizes the scores in place. In
-    training the softmax output is kept for backward: the kernel writes it back too."""
-    if ctx.name(root) != "aten::bmm":
-        return None
-    probs = ctx.source_reshaped(root, 0, "aten::_softmax")
-    if probs is None or ctx.arg(probs, 2) is not False:
-        return None
-    shape = ctx.records[probs].results[0].shape
-    if len(shape) != 4 or ctx.arg(probs, 1) not in (-1, 3):
-        return None
-    before = ctx.source(probs, 0)
-    if before is None:
-        return None
-    masking, checks = None, []
-    if ctx.name(before) == "aten::add" and ctx.records[before].kwargs.get("alpha", 1) == 1:
-        masking, scaled = "add", ctx.source(before, 0)
-    elif ctx.name(before) == "aten::masked_fill" and ctx.arg(before, 2) == float("-inf"):
-        masking, scaled = "fill", ctx.source(before, 0)
-        checks.append((before, 2, float("-inf")))
-    else:
-        scaled = before
-    if scaled is None or ctx.name(scaled) not in ("aten::mul", "aten::div"):
-        return None
-    factor = ctx.arg(scaled, 1)
-    if type(factor) is not float:
-        return None
-    scores = ctx.source_reshaped(scaled, 0, "aten::bmm")
-    if scores is None or ctx.records[scaled].results[0].shape != shape:
-        return None
-    batch, heads = shape[0], shape[1]
-    dtype = ctx.records[scores].results[0].dtype
-    if ctx.records[scores].results[0].shape[0] != batch * heads or ctx.records[before].results[0].dtype != dtype:
-        return None  # (in place, a mask of a wider dtype could not promote the scores)
-    mask = ctx.arg(before, 1) if masking else None
-    if masking and type(mask) not in (DeviceStorage, ViewRef):
-        return None
-    chain = [scores, scaled] + ([before] if masking else [])
-    if not (all(ctx.private(p, 1) for p in chain) and ctx.exportable(probs, 1, root)):
-        return "intermediate escapes or is shared"
-    export = ctx.needed_after(probs, root)
-    checks.append((scaled, 1, factor))
-    inputs = [(scores, 0), (scores, 1), (root, 1)] + ([(before, 1)] if masking else [])
-    return Match(
-        "attention", chain + [probs, root], _attention if masking else _attention_unmasked, inputs,
-        [(root, 0)] + ([(probs, 0)] if export else []), checks,
-        constants={"factor": factor, "divide": ctx.name(scaled) == "aten::div", "batch": batch, "heads": heads,
-                   "fill": masking == "fill", "export": export},
-    )
-
-
-def _attention(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], factor: float,
-               divide: bool, batch: int, heads: int, fill: bool, export: bool) -> List[torch.Tensor]:
-    """The hand-written ops themselves, with the scores scaled, masked and normalized in
-    place: bit-identical to them, with two buffers fewer. (scaled_dot_product_attention
-    measured 1.6-2x slower than the chain on this CPU, so it is not the library kernel.)"""
-    scores = torch.bmm(q, kt)
-    if divide:
-        scores.div_(factor)
-    else:
-        scores.mul_(factor)
-    scores4 = scores.view(batch, heads, scores.size(1), scores.size(2))
-    if mask is not None:
-        if fill:
-            scores4.masked_fill_(mask, float("-inf"))
-        else:
-            scores4.add_(mask)
-    probs = torch._softmax(scores4, -1, False)
-    out = torch.bmm(probs.view(scores.size(0), scores.size(1), scores.size(2)), v)
-    return [out, probs] if export else [out]
-
-
-def _attention_unmasked(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, factor: float, divide: bool, batch: int,
-                        heads: int, fill: bool, export: bool) -> List[torch.Tensor]:
-    return _attention(q, kt, v, None, factor, divide, batch, heads, fill, export)
-
-
 def _place(ref):
     """(storage, shape, stride, offset) of a tensor argument, or None."""
     if type(ref) is DeviceStorage:
@@ -424,6 +349,7 @@ def _addmm(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> List[to
 # (pattern name, matcher, one-line comment): the table, tried from each window's end.
 PATTERNS = [
     ("attention", match_attention, "q @ k^T * scale (+ mask), softmax, @ v -> one kernel, scores updated in place"),
+    ("attention_backward", match_attention_backward, "dV, dP, softmax backward, scale, dQ, dK -> one flash backward"),
     ("rotary", match_rotary, "x * cos + cat(-x2, x1) * sin: rotary embedding without the rotated copy"),
     ("softmax", match_softmax, "exp(x - amax) / sum(exp): the max-subtracted softmax, one kernel"),
     ("log_softmax", match_log_softmax, "x - amax - log(sum(exp)): log-softmax, one kernel"),
@@ -433,7 +359,18 @@ PATTERNS = [
     ("rms_norm", match_rms_norm, "Llama's RMSNorm, float32 compute and cast back, times weight"),
     ("layer_norm", match_layer_norm, "(x - mean) / sqrt(var + eps) * w + b -> one normalization"),
     ("linear_bias", match_linear_bias, "mm + bias add -> addmm"),
+    ("cross_entropy", match_cross_entropy, "log_softmax, nll_loss -> one pass over the logits, their lse saved"),
 ]
+
+
+# What each library kernel is to the loop rules: a matmul (takes an epilogue, no
+# prologue), a reduction (prologue and epilogue over its input's or output's elements),
+# or pointwise (None). A kernel absent from this table fuses with nothing.
+KINDS = {
+    "attention": "matmul", "attention_backward": "matmul", "linear_bias": "matmul",
+    "softmax": "reduction", "log_softmax": "reduction", "rms_norm": "reduction", "layer_norm": "reduction",
+    "cross_entropy": "reduction", "gelu_tanh": None, "gelu_erf": None, "silu": None, "rotary": None,
+}
 
 
 def find_patterns(records, escapes) -> tuple[list, dict]:

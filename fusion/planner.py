@@ -12,11 +12,18 @@ The greedy loop takes data-flow edges best score first and merges the two groups
 ends when legal. What may share a kernel:
 
 - pointwise (and random) ops over one iteration space, with broadcasting and type
-  promotion (their inputs may broadcast; their outputs have one number of elements);
+  promotion (their inputs may broadcast; their outputs have one number of elements); a
+  pointwise producer whose output its consumer reads broadcast joins the consumer's loop
+  (its elements are recomputed there, as Inductor inlines it);
+  ``cat`` also has its inputs' iteration spaces: the ops producing its inputs and those
+  reading its output fuse with it, and the concatenation, when only the kernel reads
+  it, is never written;
 - one reduction with its pointwise prologue (ops over its input's elements) and epilogue
   (ops over its input's or its output's elements);
 - one matmul-like op with its pointwise epilogue (bias, activation, residual: ops over its
   output's elements). A matmul takes no prologue: it closes the window behind it;
+- a library kernel (``fusion/patterns.py``) as the op it stands for: a matmul, a
+  reduction or a pointwise op (``patterns.KINDS``), over its outputs' elements;
 - multi-tensor (foreach) ops over one tensor group (the same number of elements at each
   position of their lists): an optimizer step over every parameter, as ``_fused_adamw_``.
 
@@ -30,15 +37,17 @@ import math
 import logging
 
 import networkx as nx
+import torch
 
 from adaptive_eager_device.queue import BatchCost
 
 from .categories import BARRIER, FOREACH, MATMUL, OPAQUE, REDUCTION, category
 from .graph import build_graph, would_create_cycle
 from .kernels import group_spec
-from .patterns import find_patterns
+from .patterns import KINDS as LIBRARY_KINDS, find_patterns
 
 LOG = logging.getLogger("adaptive_eager.fusion")
+_CAT = torch.ops.aten.cat.default
 _ANCHORS = (REDUCTION, MATMUL)
 
 
@@ -66,6 +75,8 @@ class Group:
         else:
             self.anchor, self.anchor_kind = None, None
             self.numels = {cost.numel}
+            if record.op is _CAT:  # its inputs' iteration spaces: their producers fuse with it
+                self.numels.update(math.prod(getattr(ref, "shape", ())) for ref in record.args[0])
         footprint: dict = {}
         for storages, sizes in ((record.reads, cost.read_bytes), (record.writes, cost.write_bytes), (record.results, cost.result_bytes)):
             for storage, nbytes in zip(storages, sizes):
@@ -91,11 +102,27 @@ class Group:
         self.members += other.members
         if self.anchor is None and other.anchor is not None:
             self.anchor, self.anchor_kind, self.numels = other.anchor, other.anchor_kind, other.numels
+        elif self.anchor is None:  # pointwise groups: one holds the other's iteration spaces
+            self.numels = self.numels | other.numels
         for storage, nbytes in other.footprint.items():
             if nbytes > self.footprint.get(storage, 0):
                 self.footprint[storage] = nbytes
         self.on_chip_only = self.on_chip_only or other.on_chip_only or on_chip_only
         self.matches += other.matches
+
+
+def _as_library_kernel(group: Group, match, records) -> None:
+    """A matched chain's group, to the loop rules: anchored like the library kernel's kind
+    (``patterns.KINDS``), over its outputs' elements (and its inputs', for a reduction)."""
+    kind = LIBRARY_KINDS.get(match.name)
+    numels = {math.prod(records[p].results[r].shape) for p, r in match.outputs}
+    if kind == REDUCTION:
+        numels.update(math.prod(getattr(records[p].args[a], "shape", ())) for p, a in match.inputs)
+    group.numels = numels
+    if kind in _ANCHORS:
+        group.anchor, group.anchor_kind = match.members[-1], kind
+    else:
+        group.anchor, group.anchor_kind = None, None
 
 
 def _group_numels(record) -> tuple:
@@ -114,8 +141,9 @@ def loop_rules(producer: Group, consumer: Group, edge, kinds, records) -> Refusa
     """What a kernel that streams its tensors through device memory can hold (see the
     module docstring): one anchor, one iteration space, no matmul prologue, no opaque op."""
     for group in (producer, consumer):
-        if group.matches:
-            return Refusal(f"library kernel: {group.matches[0].name}")
+        for match in group.matches:
+            if match.name not in LIBRARY_KINDS:
+                return Refusal(f"library kernel: {match.name}")
         for index in group.members:
             if kinds[index] in (OPAQUE, BARRIER):
                 return Refusal(f"opaque op: {records[index].name}")
@@ -125,15 +153,29 @@ def loop_rules(producer: Group, consumer: Group, edge, kinds, records) -> Refusa
         return Refusal(f"two anchors ({producer.anchor_kind} and {consumer.anchor_kind}) in one kernel")
     anchored = producer if producer.anchor is not None else consumer if consumer.anchor is not None else None
     if anchored is None:
-        if producer.numels != consumer.numels:
+        if not (producer.numels <= consumer.numels or consumer.numels <= producer.numels
+                or _broadcast_into(producer, consumer)):
             return Refusal("different iteration spaces")
     else:
-        if anchored.anchor_kind == MATMUL and edge[1] == anchored.anchor:
+        if anchored.anchor_kind == MATMUL and (edge[1] == anchored.anchor or any(
+            LIBRARY_KINDS[match.name] == MATMUL and edge[1] in match.members for match in anchored.matches
+        )):
             return Refusal("a matmul takes no prologue")
         other = consumer if anchored is producer else producer
-        if not other.numels <= anchored.numels:
+        if not (other.numels <= anchored.numels or (other is producer and _broadcast_into(producer, consumer))):
             return Refusal(f"different iteration spaces around a {anchored.anchor_kind}")
     return None
+
+
+def _broadcast_into(producer: Group, consumer: Group) -> bool:
+    """Is ``producer`` a pointwise group whose (fewer) elements its consumer may read
+    broadcast, so the consumer's loop recomputes them, as Inductor inlines a pointwise
+    producer (a position embedding added to each sequence, a scalar gradient scattered)?
+    Each of its iteration spaces divides one of the consumer's."""
+    if producer.anchor is not None or any(type(n) is not int or n == 0 for n in producer.numels):
+        return False
+    spaces = [m for m in consumer.numels if type(m) is int]
+    return all(any(m % n == 0 and m > n for m in spaces) for n in producer.numels)
 
 
 def can_fuse(producer: Group, consumer: Group, edge, kinds, records, graph, unfusable,
@@ -293,6 +335,7 @@ def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_c
                 head.absorb(groups.pop(index), False)
                 group_of[index] = first
             head.matches.append(match)
+            _as_library_kernel(head, match, records)
 
     candidates = sorted(
         ((score(u, v, records), u, v) for u, v, kind in graph.edges(data="kind") if kind == "raw"),

@@ -110,6 +110,58 @@ def test_random_ops_fuse_and_keep_the_cpu_numbers():
     assert kernels()[0] == 1
 
 
+def test_cat_fuses_with_the_ops_producing_its_inputs_and_reading_its_output():
+    # Inductor's pointwise cat: each input is read once, the concatenation is never written
+    x, y = torch.randn(8, 16), torch.randn(8, 16)
+    dx, dy = device(x, y)
+    assert_same(torch.cat([dx * 2, dy + 1]).relu(), torch.cat([x * 2, y + 1]).relu())
+    assert kernels() == (1, ["mul|add|cat|relu"])
+    assert adaptive_eager.stats()["bytes_moved"] == 2 * x.nbytes + 2 * x.nbytes  # x, y in; the result out
+
+
+def test_an_embedding_gather_fuses_with_its_epilogue_and_a_layer_norm():
+    # token + position embeddings, added and normalized: one kernel, as GPT's first ops
+    wte, wpe, w, b = torch.randn(50, 16), torch.randn(8, 16), torch.randn(16), torch.randn(16)
+    idx, pos = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(0)), torch.arange(8)
+    tensors = device(wte, wpe, w, b, idx, pos)
+    dwte, dwpe, dw, db, didx, dpos = tensors
+    out = F.layer_norm(F.embedding(didx, dwte) + F.embedding(dpos, dwpe), (16,), dw, db)
+    assert_same(out, F.layer_norm(F.embedding(idx, wte) + F.embedding(pos, wpe), (16,), w, b))
+    assert kernels() == (1, ["embedding|embedding|add|native_layer_norm"])
+    # the tables, indices, weight and bias read once, the output written once (the sum
+    # and layer norm's mean and rstd stay on chip)
+    assert adaptive_eager.stats()["bytes_moved"] == sum(t.nbytes for t in (wte, wpe, w, b, idx, pos)) + out.nbytes
+
+
+def test_embedding_backward_is_a_scatter_add_reduction_with_its_prologue():
+    grad, idx = torch.randn(2, 8, 16), torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(0))
+    dgrad, didx = device(grad, idx)
+    backward = torch.ops.aten.embedding_dense_backward
+    out = backward(dgrad * 2, didx, 50, -1, False)
+    assert_same(out, backward(grad * 2, idx, 50, -1, False))
+    assert kernels() == (1, ["mul|embedding_dense_backward"])
+    assert adaptive_eager.stats()["bytes_moved"] == grad.nbytes + idx.nbytes + out.nbytes
+
+
+def test_cross_entropy_backward_is_one_reduction_with_its_prologue():
+    # nll_loss_backward (a scatter into a zero gradient) is the prologue of
+    # _log_softmax_backward_data: the log-probabilities read once, the gradient written once
+    logits, target = torch.randn(32, 40), torch.randint(0, 40, (32,), generator=torch.Generator().manual_seed(0))
+    leaf = logits.to("neuron").requires_grad_()
+    (dtarget,) = device(target)
+    loss = F.cross_entropy(leaf, dtarget)
+    cpu_leaf = logits.clone().requires_grad_()
+    F.cross_entropy(cpu_leaf, target).backward()
+    torch.neuron.synchronize()
+    adaptive_eager.reset_stats()
+    loss.backward()
+    assert_same(leaf.grad, cpu_leaf.grad)
+    launches, names = kernels()
+    assert launches == 1, (names, adaptive_eager.stats()["refusals"])
+    # + two scalars: nll_loss's total weight, read, and the loss's gradient (one), filled
+    assert adaptive_eager.stats()["bytes_moved"] == 2 * logits.nbytes + target.nbytes + 2 * 4
+
+
 # -- what must not fuse -----------------------------------------------------------------
 
 
@@ -132,8 +184,8 @@ def test_two_reductions_do_not_share_a_kernel():
 def test_opaque_op_runs_alone_between_fused_chains():
     weight, index = torch.randn(10, 4), torch.tensor([1, 3, 3])
     dw, di = device(weight, index)
-    assert_same(F.embedding(di, dw * 2) + 1, F.embedding(index, weight * 2) + 1)
-    assert kernels() == (3, ["aten::add", "aten::embedding", "aten::mul"])
+    assert_same(torch.index_select(dw * 2, 0, di) + 1, torch.index_select(weight * 2, 0, index) + 1)
+    assert kernels() == (3, ["aten::add", "aten::index_select", "aten::mul"])
 
 
 def test_barrier_between_ops_blocks_fusion():
@@ -212,14 +264,14 @@ def test_intermediate_saved_for_backward_is_written_back():
 
 
 def test_cycle_making_merge_is_refused():
-    # mul -> embedding (opaque) -> add, and mul -> add: fusing mul with add would put the
-    # embedding both before and after their kernel.
+    # mul -> index_select (opaque) -> add, and mul -> add: fusing mul with add would put
+    # the index_select both before and after their kernel.
     weight, index = torch.randn(6, 4), torch.tensor([5, 0, 2, 2, 1, 3])
     dw, di = device(weight, index)
     a = dw * 2
-    c = F.embedding(di, a)  # opaque, reads a
+    c = torch.index_select(a, 0, di)  # opaque, reads a
     out = a + c  # reads a and c
-    assert_same(out, weight * 2 + F.embedding(index, weight * 2))
+    assert_same(out, weight * 2 + torch.index_select(weight * 2, 0, index))
     assert adaptive_eager.stats()["refusals"].get("would create a cycle", 0) >= 1
     assert kernels()[0] == 3
 
@@ -299,6 +351,30 @@ def test_window_full_stream_change_and_queue_shallow_flushes(policy):
     assert reasons["queue_shallow"] >= 1
 
 
+def test_queue_shallow_never_splits_a_multi_tensor_chain(policy):
+    """The policy flushes when the device starves, but not between two foreach ops: an
+    optimizer step stays one window, so one kernel (split, AdamW moved 12 tensors' bytes
+    per parameter in 4 kernels instead of 7 in 1)."""
+    cpu = [nn.Parameter(torch.randn(shape)) for shape in ((64, 32), (32,))]
+    params = [nn.Parameter(p.detach().to("neuron")) for p in cpu]
+    for p, q in zip(params, cpu):
+        q.grad = torch.randn(q.shape)
+        p.grad = q.grad.to("neuron")
+    optimizers = [torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1) for ps in (params, cpu)]
+    for optimizer in optimizers:
+        optimizer.step()
+    torch.neuron.synchronize()
+    policy.min_ops, policy.shallow_us = 2, 10**9  # always "starved": flush at 2 ops
+    adaptive_eager.reset_stats()
+    for optimizer in optimizers:
+        optimizer.step()
+    for p, q in zip(params, cpu):
+        assert_same(p.detach(), q.detach())
+    stats = adaptive_eager.stats()
+    assert stats["ops_recorded"] >= 8 and stats["kernels_launched"] == 1, stats["flushes"]
+    assert stats["bytes_moved"] == 7 * sum(q.numel() * 4 for q in cpu)
+
+
 # -- the on-chip rule ---------------------------------------------------------------------
 
 
@@ -365,7 +441,7 @@ def test_dependent_chains_do_not_fuse_horizontally():
     weight, index = torch.randn(6, 4), torch.tensor([3, 1])
     dw, di = device(weight, index)
     first = (dw * 2).exp()
-    second = (F.embedding(di, first) * 2).exp()  # the same chain, after an opaque op reading the first
-    assert_same(second, (F.embedding(index, (weight * 2).exp()) * 2).exp())
-    assert kernels() == (3, ["aten::embedding", "mul|exp"])
+    second = (torch.index_select(first, 0, di) * 2).exp()  # the same chain, after an opaque op reading the first
+    assert_same(second, (torch.index_select((weight * 2).exp(), 0, index) * 2).exp())
+    assert kernels() == (3, ["aten::index_select", "mul|exp"])
     assert adaptive_eager.stats()["kernels"]["mul|exp"]["launches"] == 2

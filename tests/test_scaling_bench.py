@@ -20,3 +20,22 @@ def test_no_mode_beats_the_roofline_bound(workload):
         assert measured["device_time_us"] - measured["launches"] * measured["launch_overhead_us"] >= bound["bound_us"], mode
     assert figures["adaptive"]["launches"] < figures["strict"]["launches"]
     assert figures["adaptive"]["ops"] == figures["strict"]["ops"]
+
+
+@pytest.mark.parametrize("workload", ["gpt", "llama"])
+def test_issue_targets_at_d768(workload):
+    """Issue 18's targets for a 2-layer training step at d=768, batch 4 x 128 (the
+    figures are deterministic: simulated device time and launches). Met: adaptive device
+    time at least 3x lower than strict, for both; launches at most 0.2x strict, for Llama.
+    Not met, and so not asserted (README, "At realistic sizes"): GPT's launches (38 of
+    158, 0.24x: the 16-op windows of the queue policy split chains the rules would fuse),
+    and adaptive within 2x of the roofline bound (GPT 3.1x, Llama 3.4x: at 10 us a launch,
+    the launches alone are over 1.3x the bound)."""
+    strict = scaling.measure_one(workload, 768, "strict")
+    adaptive = scaling.measure_one(workload, 768, "adaptive")
+    assert adaptive["ops"] == strict["ops"]
+    assert strict["device_time_us"] >= 3 * adaptive["device_time_us"], (strict, adaptive)
+    if workload == "llama":
+        assert adaptive["launches"] <= 0.2 * strict["launches"], (strict, adaptive)
+    bound = scaling.roofline(workload, 768)["bound_us"]
+    assert bound <= adaptive["device_time_us"] - adaptive["launches"] * adaptive["launch_overhead_us"]

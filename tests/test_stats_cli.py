@@ -360,11 +360,13 @@ def test_set_level_in_process(loop_rules_only, caplog):
         logs.set_level("DEBUG")
         assert logging.getLogger("adaptive_eager.fusion").isEnabledFor(logging.DEBUG)
         with caplog.at_level(logging.DEBUG, logger="adaptive_eager"):
-            # u feeds a cat (opaque under the loop rules) and the add after it: merging u
-            # with the add would make the kernel both feed and wait on the cat
+            # u feeds an index_select (opaque under the loop rules) and the add after it:
+            # merging u with the add would make the kernel both feed and wait on it
+            index = torch.tensor(list(range(8)) * 2).to("neuron")
+            index.cpu()
             a = torch.randn(8, device="neuron")
             u = a * 2
-            both = torch.cat([u, u])
+            both = torch.index_select(u, 0, index)
             (both[:8] + u).cpu()
         refusals = adaptive_eager.stats()["refusals"]
         assert refusals["would create a cycle"] == 1
