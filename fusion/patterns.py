@@ -37,6 +37,7 @@ from typing import List, Optional
 
 import torch
 
+from adaptive_eager_device.reasons import Refused
 from adaptive_eager_device.storage import DeviceStorage, ViewRef
 
 from .flash import match_attention, match_attention_backward, match_cross_entropy
@@ -385,13 +386,13 @@ def find_patterns(records, escapes) -> tuple[list, dict]:
             if found is None:
                 continue
             if isinstance(found, str):
-                reason = f"pattern {name}: {found}"
+                reason = Refused.PATTERN.of(f"{name}, {found}")
                 refusals[reason] = refusals.get(reason, 0) + 1
                 continue
             if ctx.claimed.intersection(found.members):
                 continue
             if found.checks and not checks_pass(found.checks, records):
-                reason = f"pattern {name}: other constants"
+                reason = Refused.PATTERN.of(f"{name}, other constants")
                 refusals[reason] = refusals.get(reason, 0) + 1
                 continue
             ctx.claimed.update(found.members)

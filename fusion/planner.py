@@ -40,6 +40,7 @@ import networkx as nx
 import torch
 
 from adaptive_eager_device.queue import BatchCost
+from adaptive_eager_device.reasons import Refused
 
 from .categories import BARRIER, FOREACH, MATMUL, OPAQUE, REDUCTION, category
 from .graph import build_graph, would_create_cycle
@@ -133,37 +134,33 @@ def _group_numels(record) -> tuple:
     return tuple(math.prod(getattr(ref, "shape", ())) for ref in first)
 
 
-class Refusal(str):
-    """A reason not to fuse (a str, so it counts and logs as itself)."""
-
-
-def loop_rules(producer: Group, consumer: Group, edge, kinds, records) -> Refusal | None:
+def loop_rules(producer: Group, consumer: Group, edge, kinds, records) -> str | None:
     """What a kernel that streams its tensors through device memory can hold (see the
     module docstring): one anchor, one iteration space, no matmul prologue, no opaque op."""
     for group in (producer, consumer):
         for match in group.matches:
             if match.name not in LIBRARY_KINDS:
-                return Refusal(f"library kernel: {match.name}")
+                return Refused.LIBRARY_KERNEL.of(match.name)
         for index in group.members:
             if kinds[index] in (OPAQUE, BARRIER):
-                return Refusal(f"opaque op: {records[index].name}")
+                return Refused.OPAQUE.of(records[index].name)
         if group.on_chip_only:
-            return Refusal("working set exceeds on-chip memory")
+            return Refused.OFF_CHIP
     if producer.anchor is not None and consumer.anchor is not None:
-        return Refusal(f"two anchors ({producer.anchor_kind} and {consumer.anchor_kind}) in one kernel")
+        return Refused.TWO_ANCHORS.of(f"{producer.anchor_kind} and {consumer.anchor_kind}")
     anchored = producer if producer.anchor is not None else consumer if consumer.anchor is not None else None
     if anchored is None:
         if not (producer.numels <= consumer.numels or consumer.numels <= producer.numels
                 or _broadcast_into(producer, consumer)):
-            return Refusal("different iteration spaces")
+            return Refused.ITERATION_SPACES
     else:
         if anchored.anchor_kind == MATMUL and (edge[1] == anchored.anchor or any(
             LIBRARY_KINDS[match.name] == MATMUL and edge[1] in match.members for match in anchored.matches
         )):
-            return Refusal("a matmul takes no prologue")
+            return Refused.MATMUL_PROLOGUE
         other = consumer if anchored is producer else producer
         if not (other.numels <= anchored.numels or (other is producer and _broadcast_into(producer, consumer))):
-            return Refusal(f"different iteration spaces around a {anchored.anchor_kind}")
+            return Refused.ITERATION_SPACES.of(f"around a {anchored.anchor_kind}")
     return None
 
 
@@ -199,9 +196,9 @@ def can_fuse(producer: Group, consumer: Group, edge, kinds, records, graph, unfu
             return reason, False
     members = producer.members + consumer.members
     if unfusable and group_key(sorted(members), records) in unfusable:
-        return Refusal("marked unfusable after a failure"), False
+        return Refused.FAILED_BEFORE, False
     if would_create_cycle(graph, producer.members, consumer.members, members_of):
-        return Refusal("would create a cycle"), False
+        return Refused.CYCLE, False
     return None, on_chip
 
 

@@ -155,7 +155,7 @@ def test_table_of_an_adaptive_run(runs, capsys):
     assert launches == sorted(launches, reverse=True) and launches[0] == max(k["launches"] for _, _, k in fused)
     refusals = [cells(row) for row in section(out, "fusions refused, by reason")]
     assert [row[:2] for row in refusals] == [[r, str(n)] for r, n in sorted(data["refusals"].items(), key=lambda x: (-x[1], x[0]))]
-    assert ["pattern silu: intermediate escapes or is shared", str(data["refusals"]["pattern silu: intermediate escapes or is shared"]),
+    assert ["pattern: silu, intermediate escapes or is shared", str(data["refusals"]["pattern: silu, intermediate escapes or is shared"]),
             "the chain looks like this pattern, but an intermediate is used elsewhere (e.g. kept for backward)"] in refusals
     assert [cells(row) for row in section(out, "CPU fallback ops (1)")] == [["aten::geqrf", "1"]]
     cache = data["plan_cache"]
@@ -317,7 +317,7 @@ def test_logging_is_silent_by_default_and_debug_explains_refusals(runs, tmp_path
     refusals = json.loads((tmp_path / "adaptive.json").read_text())["refusals"]
     lines = [line for line in loud.stderr.splitlines() if line.startswith("[adaptive_eager.fusion DEBUG] not fusing ")]
     assert loud.stdout == runs["adaptive_stdout"]
-    merges = {reason: n for reason, n in refusals.items() if not reason.startswith("pattern ")}
+    merges = {reason: n for reason, n in refusals.items() if not reason.startswith("pattern:")}
     assert len(merges) >= 2 and len(lines) == sum(merges.values())  # one line per refused merge
     for reason, count in merges.items():
         assert sum(line.endswith(f": {reason}") for line in lines) == count
@@ -325,7 +325,7 @@ def test_logging_is_silent_by_default_and_debug_explains_refusals(runs, tmp_path
     logged: dict = {}
     for match in re.finditer(r"^\[adaptive_eager\.fusion DEBUG\] not matching (.+) \((\d+) times\)$", loud.stderr, re.M):
         logged[match.group(1)] = logged.get(match.group(1), 0) + int(match.group(2))
-    assert logged == {reason: n for reason, n in refusals.items() if reason.startswith("pattern ")} != {}
+    assert logged == {reason: n for reason, n in refusals.items() if reason.startswith("pattern:")} != {}
 
 
 def test_application_logging_gets_each_record_once(tmp_path):
