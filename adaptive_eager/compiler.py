@@ -43,11 +43,11 @@ from torch._dynamo.backends.common import aot_autograd
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from adaptive_eager_device import recorder
-from adaptive_eager_device import sync as _sync
+from adaptive_eager_device import sink as _sync
 from adaptive_eager_device.config import CONFIG
-from adaptive_eager_device.queue import HOST_LOCK
+from adaptive_eager_device.execution_queue import HOST_LOCK
 from adaptive_eager_device.location import SourceLocation, is_internal, register_generated_code
-from adaptive_eager_device.metrics import COUNTERS
+from adaptive_eager_device.counters import COUNTERS
 from adaptive_eager_device.reasons import Flush
 from . import replay
 from .host_split import split_host_part

@@ -35,10 +35,10 @@ from __future__ import annotations
 
 import torch
 
-from adaptive_eager_device.kernel import OpRecord
-from adaptive_eager_device.metrics import COUNTERS
-from adaptive_eager_device.queue import QUEUE
-from adaptive_eager_device.random import GENERATOR
+from adaptive_eager_device.op_record import OpRecord
+from adaptive_eager_device.counters import COUNTERS
+from adaptive_eager_device.execution_queue import QUEUE
+from adaptive_eager_device.rng import GENERATOR
 from adaptive_eager_device.storage import MEMORY, DeviceStorage, ReinterpretRef, ViewRef, storage_nbytes
 from adaptive_eager_device.streams import STATE as _STREAMS
 from adaptive_eager_device.tensor import describe, device_tensor, storage_of

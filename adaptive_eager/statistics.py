@@ -14,11 +14,11 @@ from collections import Counter
 
 from adaptive_eager_device.config import CONFIG
 from adaptive_eager_device.cost_model import PROFILE
-from adaptive_eager_device.metrics import COUNTERS
-from adaptive_eager_device.queue import QUEUE
+from adaptive_eager_device.counters import COUNTERS
+from adaptive_eager_device.execution_queue import QUEUE
 from adaptive_eager_device.reasons import Flush
 from adaptive_eager_device.storage import MEMORY
-from adaptive_eager_device.sync import current_sink, flush
+from adaptive_eager_device.sink import current_sink, flush
 
 STATS_VERSION = 1
 

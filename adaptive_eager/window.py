@@ -28,7 +28,7 @@ import logging
 import torch
 
 from adaptive_eager_device.config import CONFIG
-from adaptive_eager_device.queue import QUEUE
+from adaptive_eager_device.execution_queue import QUEUE
 from adaptive_eager_device.reasons import Flush
 from .fusion.caches import CountingLRU
 from .fusion.categories import BARRIER, FOREACH, category
@@ -120,7 +120,7 @@ class AdaptiveSink:
                 self.plan_cache[key] = plan
             for reason_text, count in plan.refusals.items():
                 FUSION.refusals[reason_text] += count
-        self._launch(plan, records)
+        self._hand_over(plan, records)
 
     @staticmethod
     def _structure(records) -> tuple:
@@ -173,7 +173,7 @@ class AdaptiveSink:
                 at += 1
         return escaping
 
-    def _launch(self, plan, records) -> None:
+    def _hand_over(self, plan, records) -> None:
         """Hand the window to the queue. The records belong to the device worker from
         then on (it releases each kernel's records as it runs them), so everything the
         host needs from them is read first."""

@@ -14,9 +14,9 @@ import torch  # noqa: F401
 
 from .backend import register  # noqa: E402
 from .errors import NeuronRuntimeError, PoisonedTensorError  # noqa: E402
-from .metrics import COUNTERS  # noqa: E402
-from .queue import QUEUE  # noqa: E402
-from .sync import synchronize  # noqa: E402
+from .counters import COUNTERS  # noqa: E402
+from .execution_queue import QUEUE  # noqa: E402
+from .sink import synchronize  # noqa: E402
 
 __all__ = ["NeuronRuntimeError", "PoisonedTensorError", "COUNTERS", "QUEUE", "register", "synchronize"]
 

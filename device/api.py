@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from . import random as _random
+from . import rng as _random
 from .config import CONFIG
 from .cost_model import PROFILE
 from .indices import COUNT, current_index, exchange_index, index_of
 from .reasons import Flush
 from .storage import MEMORY, release_freed_memory
 from .streams import Event, Stream, current_stream, default_stream, set_stream, stream  # noqa: F401
-from .sync import synchronize as _synchronize
+from .sink import synchronize as _synchronize
 
 # -- device ------------------------------------------------------------------------------
 

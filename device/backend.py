@@ -62,7 +62,7 @@ def _make_handler():
     from .dispatch import run
     from .indices import MULTI, on_its_device
     from .recorder import defer_in_backward
-    from .queue import HOST_LOCK
+    from .execution_queue import HOST_LOCK
 
     acquire, release = HOST_LOCK.acquire, HOST_LOCK.release
     checked = not CONFIG.errors
@@ -205,9 +205,9 @@ def _load_hooks() -> None:
     """The C++ hooks: allocator, storage resizing, pinned memory, generators, device guard."""
     from . import _C as _native
     from .config import CONFIG
-    from .random import GENERATOR
+    from .rng import GENERATOR
     from .storage import DeviceStorage
-    from .sync import synchronize
+    from .sink import synchronize
 
     def resize(storage, nbytes):
         synchronize(Flush.STORAGE_RESIZE)
@@ -271,7 +271,7 @@ def register() -> None:
     from .collectives import register_backend
 
     register_backend()
-    from .queue import QUEUE
+    from .execution_queue import QUEUE
 
     atexit.register(QUEUE.drain)
     from .trace import start_from_environment

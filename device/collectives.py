@@ -36,11 +36,11 @@ from __future__ import annotations
 
 import torch
 
-from . import sync as _sync
+from . import sink as _sync
 from .cost_model import PROFILE
 from .host_ops import host_call_args, upload_result
-from .metrics import COUNTERS
-from .queue import QUEUE
+from .counters import COUNTERS
+from .execution_queue import QUEUE
 from .reasons import Flush
 from .streams import STATE as _STREAMS
 from .errors import users_error

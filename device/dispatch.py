@@ -4,7 +4,7 @@
 
 | kind | handler |
 | --- | --- |
-| kernel | ``recorder.launch`` (``recorder.allocate`` for ``empty``-like ops) |
+| kernel | ``recorder.record_kernel`` (``recorder.allocate`` for ``empty``-like ops) |
 | view | ``views.run_view``: the CPU kernel's view over the same storage, no launch |
 | metadata | ``views.run_metadata``: ``t_``, ``resize_``, ``set_`` |
 | copy | :func:`run_copy`: uploads, device copies (kernels), downloads (sync points) |
@@ -43,7 +43,7 @@ def run(entry, args, kwargs):
     if kind is KERNEL:  # the common case first
         if entry.allocation:
             return recorder.allocate(entry, args, kwargs or {})
-        return recorder.launch(entry, args, kwargs)
+        return recorder.record_kernel(entry, args, kwargs)
     return _HANDLERS[kind](entry, args, kwargs or {})
 
 
@@ -51,7 +51,7 @@ def run_copy(entry, args, kwargs):
     op = entry.op
     if op is aten.copy_.default:
         if describe(args[0]) is not None:
-            return recorder.launch(entry, args, kwargs)  # device <- device, or device <- host
+            return recorder.record_kernel(entry, args, kwargs)  # device <- device, or device <- host
         return run_on_host(entry, args, kwargs, Flush.COPY_TO_HOST)
     if op is aten._to_copy.default:
         device = kwargs.get("device")
@@ -61,7 +61,7 @@ def run_copy(entry, args, kwargs):
             return run_on_host(entry, args, kwargs, Flush.COPY_TO_HOST)
         if device is not None:
             check_ordinal(device)
-        return recorder.launch(entry, args, kwargs)
+        return recorder.record_kernel(entry, args, kwargs)
     if op is aten._copy_from.default:  # dst.copy_(src) with src on the device
         src, dst = args[0], args[1]
         non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
@@ -85,7 +85,7 @@ def _upload(source: torch.Tensor, kwargs):
     if type(source) is not torch.Tensor:  # the plain tensor: a subclass may refuse its own
         with torch._C.DisableTorchFunctionSubclass():  # accessors (a lazy module's
             source = source.as_subclass(torch.Tensor)  # UninitializedParameter's .shape)
-    return recorder.launch(op_entry(aten._to_copy.default), (source,), kwargs)
+    return recorder.record_kernel(op_entry(aten._to_copy.default), (source,), kwargs)
 
 
 def decompose(entry, args, kwargs):

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from . import sync as _sync
+from . import sink as _sync
 from .config import CONFIG
 from .cost_model import PROFILE
 from .errors import poisoned_read_error, users_error
-from .metrics import COUNTERS
-from .queue import QUEUE
-from .random import GENERATOR, device_generator_as_default, generator_twin
+from .counters import COUNTERS
+from .execution_queue import QUEUE
+from .rng import GENERATOR, device_generator_as_default, generator_twin
 from .reasons import Flush
 from .storage import DeviceStorage, storage_nbytes
 from .streams import STATE as _STREAMS
@@ -71,7 +71,7 @@ def run_on_host(entry, args, kwargs, reason):
     ``data_dependent`` (output shape unknown until it runs), ``fallback`` (no meta kernel:
     the device cannot queue it), ``meta_rejected`` (the meta kernel raised; the CPU
     decides whether this is the user's error or a meta kernel's) and ``random_on_host``
-    (a random op that must draw in program order on the host, ``device/random.py``).
+    (a random op that must draw in program order on the host, ``device/rng.py``).
     """
     if reason is Flush.FALLBACK and not CONFIG.fallback:
         raise users_error(NotImplementedError(
@@ -111,7 +111,7 @@ def run_random_on_host_with_device_generator(entry, args, kwargs):
     generator=torch.Generator("neuron"), device="cpu")``, which Diffusers' ``randn_tensor``
     issues for a neuron pipeline): it draws from that generator's stream, on the host, in
     program order, after a sync point (the worker may be drawing from it), and its result
-    stays on the host. The mirror of a CPU generator passed to a neuron op (random.py).
+    stays on the host. The mirror of a CPU generator passed to a neuron op (rng.py).
     Anything else that mixes devices is the user's error."""
     def leaves(value):
         if isinstance(value, (list, tuple)):

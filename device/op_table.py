@@ -32,7 +32,7 @@ import itertools
 
 import torch
 
-from .kernel import GUARDED_WRITES
+from .op_record import GUARDED_WRITES
 
 VIEW = "view"
 METADATA = "metadata"
@@ -134,8 +134,8 @@ class OpEntry:
         )
         self.serial = next(_SERIALS)  # stands for the op in cache keys (an int: no GC tracking)
         self.allocation = op in _ALLOCATIONS
-        self.rewrite = None  # the OpEntry of the op the device runs instead (random.py)
-        self.host_random = False  # a random op the device runs on the host (random.py)
+        self.rewrite = None  # the OpEntry of the op the device runs instead (rng.py)
+        self.host_random = False  # a random op the device runs on the host (rng.py)
         # has a CompositeExplicitAutograd kernel: written in other ops, for every device
         self.composite = torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeExplicitAutograd")
         if op in _NO_OPS:
@@ -173,7 +173,7 @@ def _aliased_argument(schema, alias_info):
 _ENTRIES: dict = {}
 _SERIALS = itertools.count(1)
 # Writes in place driven by index values (or masked_scatter's mask) that ATen checks as it
-# writes: a bad value raises with part of the target written (kernel.py: GUARDED_WRITES).
+# writes: a bad value raises with part of the target written (op_record.py: GUARDED_WRITES).
 _CHECKED_WHILE_WRITING = {"index", "indices"}
 
 
@@ -191,7 +191,7 @@ def op_entry(op) -> OpEntry:
     entry = _ENTRIES.get(op)
     if entry is None:
         from .native import DEVICE_REWRITES
-        from .random import HOST_RANDOM, generator_rewrite
+        from .rng import HOST_RANDOM, generator_rewrite
 
         entry = OpEntry(op)
         if entry.kind is KERNEL and _checks_while_writing(entry):

@@ -20,15 +20,15 @@ from time import perf_counter
 
 import torch
 
-from . import sync as _sync
+from . import sink as _sync
 from .errors import users_error
 from .indices import DeviceMismatchError, check_ordinal, current_index
-from .kernel import OpRecord
+from .op_record import OpRecord
 from .location import capture_location
-from .metrics import COUNTERS
+from .counters import COUNTERS
 from .op_table import op_entry
-from .queue import QUEUE
-from .random import GENERATOR, generator_twin
+from .execution_queue import QUEUE
+from .rng import GENERATOR, generator_twin
 from .reasons import Flush
 from .shapes import NO_META, SHAPE_CACHE, SHAPE_CACHE_SIZE, MetaRejected, infer
 from .storage import DeviceStorage, storage_nbytes
@@ -189,7 +189,7 @@ def _record_call(entry, args, kwargs):
     return key, refs, kwrefs, reads, nested
 
 
-def launch(entry, args, kwargs):
+def record_kernel(entry, args, kwargs):
     """Record a kernel: outputs now, computation on the queue."""
     trace = QUEUE.trace
     started = perf_counter() if trace is not None else 0.0
@@ -261,7 +261,7 @@ def _neuron_generator(kwargs) -> bool:
 
 def _explicit_generator(kwargs) -> bool:
     """A caller's own CPU generator: the host may draw from it right after this op, so the
-    op draws now, on the host, in program order (``random.py``). A neuron generator only
+    op draws now, on the host, in program order (``rng.py``). A neuron generator only
     the device draws from: it stays on the queue."""
     generator = kwargs.get("generator") if kwargs else None
     return generator is not None and generator is not GENERATOR and generator.device.type != "neuron"

@@ -26,10 +26,10 @@ import itertools
 
 import torch
 
-from . import sync as _sync
+from . import sink as _sync
 from .indices import current_index, exchange_index, index_of
-from .metrics import COUNTERS
-from .queue import HOST_LOCK, QUEUE, Fence
+from .counters import COUNTERS
+from .execution_queue import HOST_LOCK, QUEUE, Fence
 from .reasons import Flush
 
 _DEVICE_TYPE = torch._C._autograd.DeviceType.PrivateUse1

@@ -138,7 +138,7 @@ class TraceRecorder:
 
 def start() -> TraceRecorder:
     """Start recording the timeline (replacing any recording in progress)."""
-    from .queue import QUEUE
+    from .execution_queue import QUEUE
 
     QUEUE.drain()
     recorder = TraceRecorder(max(QUEUE.host_us, QUEUE.device_free_us))
@@ -148,9 +148,9 @@ def start() -> TraceRecorder:
 
 def stop(path: str | None = None) -> dict:
     """Stop recording; return the trace, and write it to ``path`` if given."""
-    from .queue import QUEUE
+    from .execution_queue import QUEUE
 
-    from .sync import flush
+    from .sink import flush
 
     flush(Flush.TRACE)
     QUEUE.drain()
@@ -163,7 +163,7 @@ def stop(path: str | None = None) -> dict:
 
 
 def _write_at_exit() -> None:
-    from .queue import QUEUE
+    from .execution_queue import QUEUE
 
     if QUEUE.trace is not None and CONFIG.trace_path:
         stop(CONFIG.trace_path)

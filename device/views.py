@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 
 from . import _C as _native
-from . import sync as _sync
+from . import sink as _sync
 from .errors import users_error
-from .metrics import COUNTERS
+from .counters import COUNTERS
 from .reasons import Flush
 from .storage import storage_nbytes
 from .tensor import describe, storage_of

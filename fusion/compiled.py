@@ -38,7 +38,7 @@ import typing
 import torch
 
 from adaptive_eager_device.config import CONFIG
-from adaptive_eager_device.kernel import resolve
+from adaptive_eager_device.op_record import resolve
 from adaptive_eager_device.storage import DeviceStorage, ViewRef
 
 LOG = logging.getLogger("adaptive_eager.fusion")

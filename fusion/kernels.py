@@ -25,7 +25,7 @@ import threading
 import torch
 
 from adaptive_eager_device.cost_model import PROFILE
-from adaptive_eager_device.kernel import in_layout, resolve, run_record
+from adaptive_eager_device.op_record import in_layout, resolve, run_record
 
 from . import compiled as compiled_kernels
 from .caches import CountingLRU
@@ -267,7 +267,7 @@ class WindowLaunches:
             for members, spec in self.launches
         ]
 
-    def launch(self, queue) -> None:
+    def execute(self, queue) -> None:
         # Release each kernel's records once it has run, as strict eager drops each op:
         # a buffer no later kernel reads is freed now, and its memory is reused by the
         # next allocation instead of the window's footprint growing to its sum.
@@ -281,7 +281,7 @@ class WindowLaunches:
                 kernel = FusedKernel([records[index] for index in members], spec, stream)
                 for index in members:
                     records[index] = None
-            kernel.launch(queue)
+            kernel.execute(queue)
             kernel = None
 
 
@@ -299,7 +299,7 @@ class FusedKernel:
     def name(self) -> str:
         return self.spec.name
 
-    def launch(self, queue) -> None:
+    def execute(self, queue) -> None:
         spec = self.spec
         if queue.faults is not None or queue.failures.first is not None or (queue.poison_seen and self._reads_poison()):
             self._run_ops(queue, library=False)  # the per-op failure rules: faults, drops, poison

@@ -39,7 +39,7 @@ import logging
 import networkx as nx
 import torch
 
-from adaptive_eager_device.queue import BatchCost
+from adaptive_eager_device.execution_queue import BatchCost
 from adaptive_eager_device.reasons import Refused
 
 from .categories import BARRIER, FOREACH, MATMUL, OPAQUE, REDUCTION, category

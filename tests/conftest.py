@@ -9,7 +9,7 @@ import torch
 
 import adaptive_eager
 from adaptive_eager_device.config import CONFIG
-from adaptive_eager_device.queue import QUEUE
+from adaptive_eager_device.execution_queue import QUEUE
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +82,7 @@ class _Hold:
     def __init__(self, gate: threading.Event) -> None:
         self.gate = gate
 
-    def launch(self, queue) -> None:
+    def execute(self, queue) -> None:
         self.gate.wait(10)
 
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import adaptive_eager
 from adaptive_eager_device.config import CONFIG
-from adaptive_eager_device.metrics import COUNTERS
+from adaptive_eager_device.counters import COUNTERS
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.workloads import GPT, Llama  # noqa: E402
@@ -35,14 +35,14 @@ def compiled():
     return adaptive_eager.stats()["compiled"]
 
 
-DISPATCHED = [0]  # ops through the per-op path (recorder.launch), counted by the fixture
+DISPATCHED = [0]  # ops through the per-op path (recorder.record_kernel), counted by the fixture
 
 
 @pytest.fixture(autouse=True)
 def count_dispatch(monkeypatch):
     from adaptive_eager_device import recorder
 
-    record_call = recorder._record_call  # once per op recorder.launch records
+    record_call = recorder._record_call  # once per op recorder.record_kernel records
 
     def counted(*args):
         DISPATCHED[0] += 1

@@ -3,7 +3,7 @@
 Entry points: :class:`OpRecord`, one aten op as the host recorded it, and
 :func:`run_record`, the one place where a recorded op runs on the device worker under the
 queue's failure rules. In strict eager a record is itself one launch
-(``OpRecord.launch``); the adaptive runtime groups records into fused kernels
+(``OpRecord.execute``); the adaptive runtime groups records into fused kernels
 (``fusion.kernels``) that call ``run_record`` for each op in turn.
 
 The failure rules (docs/ARCHITECTURE.md, "Errors"): while a failure is pending (recorded,
@@ -217,4 +217,4 @@ def run_record(record, queue, env=None, dead=None, kernel_name=None) -> bool:
     return False
 
 
-OpRecord.launch = run_record  # strict eager: one record is one launch, run by the same rules
+OpRecord.execute = run_record  # strict eager: one record is one launch, run by the same rules

@@ -9,7 +9,7 @@ fence (what ``synchronize`` waits on) or an event marker.
 
 The host accounts for a kernel when it launches it (``launch``: launches, bytes, the
 simulated clock). Items call back into the queue to report failures
-(``device/kernel.py: run_record`` applies the rules):
+(``device/op_record.py: run_record`` applies the rules):
 
 - ``fail(failure, written)``: a kernel raised; keep the earliest failure (in issue order)
   for the next sync point and poison what the kernel left without valid data;
@@ -36,7 +36,7 @@ import torch
 
 from .config import CONFIG, parse_fault_spec
 from .errors import FailureState, KernelFailure, NeuronRuntimeError
-from .metrics import COUNTERS
+from .counters import COUNTERS
 from .storage import keep_freed_memory
 
 HOST_LOCK = threading.RLock()
@@ -50,7 +50,7 @@ class Fence:
     def __init__(self) -> None:
         self.event = threading.Event()
 
-    def launch(self, queue) -> None:
+    def execute(self, queue) -> None:
         self.event.set()
 
 
@@ -326,7 +326,7 @@ class ExecutionQueue:
                 item = batch[index]
                 batch[index] = None
                 if self.trace is None and not profiling:
-                    item.launch(self)
+                    item.execute(self)
                 else:
                     self._launch_observed(item, profiling)
                 item = None
@@ -338,9 +338,9 @@ class ExecutionQueue:
         if profiling and (hasattr(item, "op") or hasattr(item, "records")):
             name = getattr(item, "name", "kernel")
             with torch.autograd.profiler.record_function(f"neuron::{name}"):
-                item.launch(self)
+                item.execute(self)
         else:
-            item.launch(self)
+            item.execute(self)
         if self.trace is not None:
             self.trace.executed(self.completed + 1, started, time.perf_counter())
 

@@ -118,7 +118,7 @@ def device_generator_as_default():
 
 def _synchronize() -> None:
     # Pending random kernels must draw from the old state before the seed changes.
-    from .sync import synchronize
+    from .sink import synchronize
 
     synchronize(Flush.RNG_STATE)
 

@@ -12,8 +12,8 @@ sink, then waits for the queue and rethrows the earliest deferred error.
 from __future__ import annotations
 
 from .config import CONFIG
-from .metrics import COUNTERS
-from .queue import HOST_LOCK, QUEUE
+from .counters import COUNTERS
+from .execution_queue import HOST_LOCK, QUEUE
 from .reasons import Flush
 
 
