@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -211,15 +210,10 @@ ACCELERATE = textwrap.dedent('''
     acc.backward(loss)
     opt.step()
     params = [p.detach().cpu().tolist() for p in model.parameters()]
-    print("RESULT", json.dumps({"rank": acc.process_index, "device": str(acc.device), "loss": loss.item(),
-                                "param_device": str(next(model.parameters()).device), "params": params}), flush=True)
+    with open(f"rank{acc.process_index}.json", "w") as out:  # a file each: the ranks' stdout interleaves
+        json.dump({"rank": acc.process_index, "device": str(acc.device), "loss": loss.item(),
+                   "param_device": str(next(model.parameters()).device), "params": params}, out)
 ''')
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_accelerate_ddp_under_torchrun_equals_cpu_training(tmp_path):
@@ -227,12 +221,12 @@ def test_accelerate_ddp_under_torchrun_equals_cpu_training(tmp_path):
     script.write_text(ACCELERATE)
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_WORLD_SIZE", "LOCAL_RANK", "NEURON_SIM_CORES")}
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master-addr=127.0.0.1",
-         f"--master-port={_free_port()}", str(script)],
+        # --standalone: torchrun binds a free port itself (a port picked here could be taken
+        # before torchrun binds it)
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)],
         env=env, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    results = sorted((json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines()
-                      if "RESULT " in line), key=lambda r: r["rank"])
+    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
     assert [r["rank"] for r in results] == [0, 1]
     assert [r["device"] for r in results] == ["neuron:0", "neuron:1"]
     assert [r["param_device"] for r in results] == ["neuron:0", "neuron:1"]
