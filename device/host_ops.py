@@ -20,6 +20,7 @@ from .reasons import Flush
 from .storage import DeviceStorage, storage_nbytes
 from .streams import STATE as _STREAMS
 from .tensor import cpu_view, describe, device_tensor, storage_of
+from .views import set_metadata
 
 aten = torch.ops.aten
 CPU = torch.device("cpu")
@@ -151,7 +152,14 @@ def _upload_one(entry, value, args, kwargs, position):
     alias = aliases[position] if position < len(aliases) else None
     if alias is not None:
         index, name = alias
-        return args[index] if index < len(args) else kwargs[name]
+        target = args[index] if index < len(args) else kwargs[name]
+        if value.shape != target.shape or value.stride() != target.stride():
+            # The CPU kernel resized ``out`` to a size only the data decides (masked_select,
+            # nonzero): the device tensor takes the result's metadata and its values, over a
+            # fresh storage as ATen's resize gives a grown one.
+            fresh = _upload_one(entry, value, (), {}, len(aliases))
+            set_metadata(target, fresh.untyped_storage(), 0, fresh.shape, fresh.stride())
+        return target
     if value.layout != torch.strided:
         raise users_error(NotImplementedError(f"{entry.name} returned a {value.layout} tensor; sparse layouts are not supported on the neuron device"))
     value = value.clone() if value._is_view() or value.storage_offset() else value

@@ -324,3 +324,22 @@ def test_lazy_module_moved_to_neuron_before_its_first_forward(make, any_mode):
     out = moved(x.to("neuron"))
     assert all(p.device.type == "neuron" for p in moved.parameters())
     torch.testing.assert_close(out.cpu(), expected)
+
+
+@pytest.mark.parametrize("op", ["masked_select", "nonzero"])
+def test_data_dependent_op_resizes_its_out_tensor(op, any_mode):
+    """`out=` of an op whose output size only the data decides is resized, as on the CPU
+    (the device tensor once kept its old shape while the host result had the new one)."""
+    mask = torch.tensor([1, 0, 1, 1, 0, 1, 0, 1, 1, 0], dtype=torch.bool)
+    src = torch.arange(10.0)
+    results = []
+    for device in ("cpu", "neuron"):
+        out = torch.empty(0, dtype=torch.long if op == "nonzero" else torch.float32, device=device)
+        if op == "nonzero":
+            torch.nonzero(mask.to(device), out=out)
+        else:
+            torch.masked_select(src.to(device), mask.to(device), out=out)
+        results.append(out)
+    cpu, neuron = results
+    assert neuron.shape == cpu.shape and neuron.stride() == cpu.stride()
+    torch.testing.assert_close(neuron.cpu(), cpu)
