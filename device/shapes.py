@@ -295,6 +295,11 @@ def infer(entry, args, kwargs, is_device=lambda value: False) -> Inference | str
         value = meta_args[index] if index < len(meta_args) else meta_kwargs.get(name)
         before = args[index] if index < len(args) else kwargs.get(name)
         if isinstance(value, torch.Tensor) and (value.shape != before.shape or value.stride() != before.stride()):
+            if name == "self" and value.shape != before.shape:
+                # An in-place op never resizes its input (``small.add_(large)``: the CPU
+                # raises "output with shape [1, 3] doesn't match the broadcast shape");
+                # the meta kernels' out= handling would resize it: the CPU decides.
+                raise MetaRejected(RuntimeError(f"{entry.name} would resize its input"))
             resized.append((index, name, OutputSpec(value)))
         written.extend(t for t in _flatten([value]) if isinstance(t, torch.Tensor))
     mutated_values = [args[i] if i < len(args) else kwargs.get(name) for i, name in entry.mutated]

@@ -343,3 +343,19 @@ def test_data_dependent_op_resizes_its_out_tensor(op, any_mode):
     cpu, neuron = results
     assert neuron.shape == cpu.shape and neuron.stride() == cpu.stride()
     torch.testing.assert_close(neuron.cpu(), cpu)
+
+
+@pytest.mark.parametrize("name", ["fmod_", "remainder_", "atan2_", "eq_", "pow_"])
+def test_in_place_op_never_resizes_its_input(name, any_mode):
+    """`small.op_(large)` raises the CPU's error at the call (these ops' meta kernels,
+    decompositions with out= handling, once resized `small` to the broadcast shape,
+    silently; structured ops such as add_ always raised)."""
+    small, large = torch.randn(1, 3), torch.randn(4, 3)
+    with pytest.raises(RuntimeError) as expected:
+        getattr(small.clone(), name)(large)
+    device_small = small.to("neuron")
+    with pytest.raises(RuntimeError) as raised:
+        getattr(device_small, name)(large.to("neuron"))
+    assert str(raised.value) == str(expected.value)
+    assert device_small.shape == (1, 3)
+    torch.testing.assert_close(device_small.cpu(), small)
