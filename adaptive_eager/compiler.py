@@ -79,7 +79,7 @@ class _GraphSink(AdaptiveSink):
     def flush(self, reason: str) -> None:
         recording = self.recording
         if recording is not None:
-            if reason == "graph":
+            if reason == Flush.GRAPH:
                 recording.capture(self.records)
             else:
                 recording.early_flushes += 1

@@ -21,8 +21,7 @@ from time import perf_counter
 import torch
 
 from . import sink as _sync
-from .errors import users_error
-from .indices import DeviceMismatchError, check_ordinal, current_index
+from .indices import DeviceMismatchError, check_ordinal, current_index, mismatch
 from .op_record import OpRecord
 from .location import capture_location
 from .counters import COUNTERS
@@ -56,10 +55,8 @@ _COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
 
 
 def _mismatch(entry, tensor) -> DeviceMismatchError:
-    return users_error(DeviceMismatchError(
-        "Expected all tensors to be on the same device, but found at least two devices, "
-        f"neuron:{current_index()} and {tensor.device}! (when checking arguments for {entry.name})"
-    ))
+    """A tensor on another device among a device op's arguments: CUDA's error."""
+    return mismatch(entry, f"neuron:{current_index()}", tensor.device)
 
 
 # While a compiled graph's call is recorded (adaptive_eager/replay.py): id(snapshot) ->
