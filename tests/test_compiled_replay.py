@@ -231,3 +231,90 @@ def test_random_ops_and_sync_points_run_the_fx_code():
         assert torch.equal(a, b)
     assert compiled()["replay_fallbacks"] == {"the graph draws random numbers": 2}
     assert compiled()["replays"] == 0
+
+
+def _simulated_kernels(events):
+    from adaptive_eager_device.trace import SIMULATED_PID
+
+    return [(e["name"], round(e["dur"], 6)) for e in events if e.get("pid") == SIMULATED_PID and e["ph"] == "X"]
+
+
+def test_a_traced_replay_shows_the_recorded_calls_kernels_on_the_timeline():
+    from adaptive_eager_device import trace
+
+    def f(x, w):
+        return torch.relu(x @ w).sum(0) * 2
+
+    g = torch.compile(f)
+    x, w = torch.randn(8, 16, device="neuron"), torch.randn(16, 16, device="neuron")
+    trace.start()
+    g(x, w).cpu()  # recorded: the FX code runs
+    recorded = _simulated_kernels(trace.stop()["traceEvents"])
+    trace.start()
+    again = g(x, w).cpu()  # replayed
+    replayed = _simulated_kernels(trace.stop()["traceEvents"])
+    assert compiled()["replays"] == 1
+    assert recorded and replayed == recorded  # the same kernels, names and simulated durations
+    torch.testing.assert_close(again, f(x.cpu(), w.cpu()))
+
+
+def test_under_the_profiler_calls_run_the_fx_code_and_the_profiler_sees_each_aten_op():
+    def f(x):
+        return (x.exp() * 3).sum(0)
+
+    g = torch.compile(f)
+    x = torch.randn(4, 8, device="neuron")
+    g(x)
+    with torch.profiler.profile() as profile:
+        got = g(x).cpu()
+    names = {event.name for event in profile.events()}
+    assert {"aten::exp", "aten::mul"} <= names
+    assert compiled()["replay_fallbacks"] == {"the profiler records each aten call": 1}
+    torch.testing.assert_close(got, f(x.cpu()))
+    g(x)  # the profiler is off again: replayed
+    assert compiled()["replays"] == 1
+
+
+def test_a_replay_that_cannot_allocate_runs_the_fx_code_which_raises_at_the_op_and_loses_nothing():
+    def f(x):
+        big = x.repeat(64, 1)  # 64x the input's memory
+        return big.sum(0)
+
+    g = torch.compile(f)
+    x = torch.randn(256, 256)
+    dx = x.to("neuron")
+    torch.testing.assert_close(g(dx).cpu(), f(x))  # recorded
+    saved = CONFIG.hbm_bytes
+    CONFIG.hbm_bytes = torch.neuron.memory_allocated() + 4 * (1 << 20)  # room for 4 MiB more: not 16
+    try:
+        with pytest.raises(torch.OutOfMemoryError, match="out of device memory"):
+            g(dx)
+    finally:
+        CONFIG.hbm_bytes = saved
+    assert compiled()["replay_fallbacks"] == {"out of memory: the FX code raises at the op": 1}
+    assert torch.equal(dx.cpu(), x)  # nothing on the device was lost
+    torch.testing.assert_close(g(dx).cpu(), f(x))  # and the next call replays
+    assert compiled()["replays"] == 1
+
+
+def _resizing_graph():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(a):
+        torch.ops.aten.t_.default(a)
+        return (a * 2,)
+
+    return make_fx(f, tracing_mode="fake")(torch.randn(2, 3))
+
+
+def test_a_call_that_changes_an_inputs_metadata_is_never_replayed():
+    from adaptive_eager.compiler import GraphRunner
+
+    runner = GraphRunner(_resizing_graph(), "inference")
+    for _ in range(3):
+        a = torch.arange(6.0).view(2, 3)
+        d = a.to("neuron")
+        (out,) = runner([d])
+        assert d.shape == (3, 2) and torch.equal(out.cpu(), a.t() * 2)
+    assert runner.entry["replays"] == 0
+    assert runner.entry["replay_fallbacks"] == {"the call changed an input's metadata": 2}
