@@ -71,7 +71,8 @@ def run_on_host(entry, args, kwargs, reason):
     Reasons: ``host_read`` (the result is a host value), ``copy_to_host``,
     ``data_dependent`` (output shape unknown until it runs), ``fallback`` (no meta kernel:
     the device cannot queue it), ``meta_rejected`` (the meta kernel raised; the CPU
-    decides whether this is the user's error or a meta kernel's) and ``random_on_host``
+    decides whether this is the user's error or a meta kernel's), ``memory_overlap`` (the
+    CPU refuses the arguments' aliasing, ``overlap.py``) and ``random_on_host``
     (a random op that must draw in program order on the host, ``device/rng.py``).
     """
     if reason is Flush.FALLBACK and not CONFIG.fallback:
@@ -89,7 +90,7 @@ def run_on_host(entry, args, kwargs, reason):
             result = _ACCELERATOR_SEMANTICS.get(entry.op, entry.op)(*host_args, **host_kwargs)
     except Exception as error:  # the CPU's verdict on the user's arguments (a shape error...)
         raise users_error(error)
-    if reason in (Flush.FALLBACK, Flush.META_REJECTED):
+    if reason in (Flush.FALLBACK, Flush.META_REJECTED, Flush.MEMORY_OVERLAP):
         COUNTERS.fallback_ops[entry.name] += 1
     elif reason in (Flush.DATA_DEPENDENT, Flush.RANDOM_ON_HOST):
         # One blocking launch: counted and costed like any kernel, from its real sizes.

@@ -37,6 +37,7 @@ class Flush(_Reason):
     COPY_TO_HOST = "copy_to_host", "a copy to the host (.cpu(), .numpy() of a copy, printing, torch.save)"
     FALLBACK = "fallback", "an op runs on the CPU and needs its inputs"
     META_REJECTED = "meta_rejected", "the op's shape function refused its arguments, so the CPU runs it to raise CPU's error"
+    MEMORY_OVERLAP = "memory_overlap", "a written tensor overlaps another argument, so the CPU runs the op to raise its error"
     DATA_DEPENDENT = "data_dependent", "op with a data-dependent output shape"
     RANDOM_ON_HOST = "random_on_host", "a random op the device cannot queue draws on the host, in stream order"
     RNG_STATE = "rng_state", "the generator's state is read or set (get_rng_state, manual_seed, a Generator)"

@@ -23,6 +23,7 @@ import torch
 from . import sink as _sync
 from .indices import DeviceMismatchError, check_ordinal, current_index, mismatch
 from .op_record import OpRecord
+from . import overlap
 from .location import capture_location
 from .counters import COUNTERS
 from .op_table import op_entry
@@ -207,6 +208,8 @@ def record_kernel(entry, args, kwargs):
         # (``pack_padded_sequence``'s CPU lengths): run it, its ops come back here.
         return entry.op._op_dk(_COMPOSITE, *args, **(kwargs or {}))
     key = tuple(key)
+    if entry.mutated and overlap.aliased(reads) and overlap.refused(entry, key, args, kwargs):
+        return run_on_host(entry, args, kwargs or {}, Flush.MEMORY_OVERLAP)  # raises the CPU's error
     inference = SHAPE_CACHE.get(key)
     if inference is None:
         try:

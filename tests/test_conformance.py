@@ -359,3 +359,55 @@ def test_in_place_op_never_resizes_its_input(name, any_mode):
     assert str(raised.value) == str(expected.value)
     assert device_small.shape == (1, 3)
     torch.testing.assert_close(device_small.cpu(), small)
+
+
+# -- memory overlap: refused at the call, as the CPU refuses it (device/overlap.py) --------
+
+OVERLAPPING_CALLS = {
+    "index_add_ of itself": lambda d: (lambda x: x.index_add_(0, torch.tensor([1, 0, 3, 2], device=d), x))(
+        torch.arange(4.0, device=d)),
+    "add out= a shifted view": lambda d: (lambda x: torch.add(x[:3], 1, out=x[1:]))(torch.arange(4.0, device=d)),
+    "scatter_ of itself": lambda d: (lambda x: x.scatter_(0, torch.tensor([1, 0], device=d), x))(
+        torch.arange(2.0, device=d)),
+    "index_copy_ of a view of itself": lambda d: (lambda x: x[1:].index_copy_(0, torch.tensor([0, 1], device=d), x[:2]))(
+        torch.arange(3.0, device=d)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OVERLAPPING_CALLS))
+def test_memory_overlap_raises_the_cpus_error_at_the_call(name):
+    call = OVERLAPPING_CALLS[name]
+    with pytest.raises(RuntimeError, match="refer to a single memory location") as on_cpu:
+        call("cpu")
+    with pytest.raises(RuntimeError, match="refer to a single memory location") as on_device:
+        call("neuron")  # at the call, not at the next sync point
+    assert str(on_device.value).splitlines()[0] == str(on_cpu.value).splitlines()[0]
+    torch.neuron.synchronize()  # nothing deferred either
+
+
+def test_aliasing_the_cpu_accepts_runs_on_the_device_and_is_tried_once():
+    from adaptive_eager_device import overlap
+    from adaptive_eager_device.counters import COUNTERS
+
+    tried = []
+    trial = overlap._trial_refused
+
+    def counting(entry, args, kwargs):
+        tried.append(entry.name)
+        return trial(entry, args, kwargs)
+
+    overlap._trial_refused = counting
+    try:
+        x = torch.arange(4.0)
+        d = x.to("neuron")
+        fallbacks = sum(COUNTERS.fallback_ops.values())
+        for _ in range(3):
+            torch.add(d, 1, out=d)  # full overlap: fine for a pointwise op
+            d.add_(d)
+            torch.add(x, 1, out=x)
+            x.add_(x)
+        assert torch.equal(d.cpu(), x)
+        assert sum(COUNTERS.fallback_ops.values()) == fallbacks  # ran on the device
+        assert sorted(tried) == ["aten::add", "aten::add_"]  # one trial per aliasing, then remembered
+    finally:
+        overlap._trial_refused = trial
