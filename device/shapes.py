@@ -200,29 +200,37 @@ META_OVERRIDES.update({
 })
 
 
+_INDEX_ARGUMENTS = {"index", "indices"}
+
+
 def check_on_cpu(entry, meta_args, meta_kwargs) -> None:
     """Try the op on one-element CPU tensors of ones, of the arguments' ranks and dtypes
-    (they broadcast with anything; zeros would divide by zero): the argument
+    (they broadcast with anything; zeros would divide by zero; an index is 0): the argument
     checks the meta kernel skips (an in-place cast the CPU refuses, ``uniform_(2, 1)``,
     softmax's dim) raise :class:`MetaRejected` as a rejection by the meta kernel does, so
     the dispatcher runs the op on the CPU, which raises its own error at the call. A
     sampler draws from a throwaway generator."""
 
-    def empty(value):
+    def empty(value, fill=torch.ones):
         if isinstance(value, torch.Tensor):
-            return torch.ones((1,) * value.dim(), dtype=value.dtype)
+            return fill((1,) * value.dim(), dtype=value.dtype)
         if isinstance(value, (list, tuple)):
-            return type(value)(empty(v) for v in value)
+            return type(value)(empty(v, fill) for v in value)
         if isinstance(value, torch.device):
             return torch.device("cpu")
         return value
 
-    kwargs = {k: empty(v) for k, v in meta_kwargs.items()}
+    def fill_for(name):  # an index of one element must be 0 to be in range
+        return torch.zeros if name in _INDEX_ARGUMENTS else torch.ones
+
+    names = [argument.name for argument in entry.op._schema.arguments]
+    args = [empty(value, fill_for(name)) for value, name in zip(meta_args, names)]
+    kwargs = {k: empty(v, fill_for(k)) for k, v in meta_kwargs.items()}
     if entry.generator_arg is not None:
         kwargs[entry.generator_arg] = torch.Generator()
     try:
         with _disable_current_modes():
-            entry.op(*empty(list(meta_args)), **kwargs)
+            entry.op(*args, **kwargs)
     except Exception as error:  # noqa: BLE001 - the CPU refuses these arguments
         raise MetaRejected(error) from error
 

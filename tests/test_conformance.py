@@ -44,7 +44,28 @@ ARGUMENT_CHECKS = {
     "smooth_l1 beta < 0": (lambda t: F.smooth_l1_loss(t, t, beta=1.0), lambda t: F.smooth_l1_loss(t, t, beta=-1.0)),
     "integer add_ float alpha": (lambda t: t.long().add_(t.long(), alpha=2), lambda t: t.long().add_(t.long(), alpha=1.5)),
     "bool mul_ float": (lambda t: (t > 0).mul_(True), lambda t: (t > 0).mul_(1.5)),
+    "index_fill_ complex into real": (lambda t: t.index_fill_(0, _index(t), 2.0),
+                                      lambda t: t.index_fill_(0, _index(t), 1 + 1j)),
 }
+
+
+def _index(t):
+    return torch.tensor([3], device=t.device)
+
+
+def test_ops_checked_on_cpu_still_run_on_the_device():
+    """The CPU trial of argument checks (``shapes.check_on_cpu``) must accept valid calls:
+    an index into the one-element trial tensors is 0, in range."""
+    from adaptive_eager_device.counters import COUNTERS
+
+    before = sum(COUNTERS.fallback_ops.values())
+    x = torch.zeros(3, 3)
+    d = x.to("neuron")
+    for dim in (0, 1):
+        x.index_fill_(dim, torch.tensor([2]), 5.0)
+        d.index_fill_(dim, torch.tensor([2], device="neuron"), 5.0)
+    assert torch.equal(d.cpu(), x)
+    assert sum(COUNTERS.fallback_ops.values()) == before
 
 
 @pytest.mark.usefixtures("any_mode")
