@@ -129,9 +129,13 @@ class OpEntry:
         # signature is also tried on one-element CPU tensors (``shapes.check_on_cpu``), so
         # the CPU's error raises at the call. Such tensors are valid inputs of these ops
         # whatever the real shapes (they broadcast).
+        # Random factories (``randint``, ``randperm``) are tried too: their dtype and bound
+        # checks (a complex ``randint``, ``randperm(257)`` into uint8) run in the kernel.
+        factory = not any(isinstance(argument.type, torch.TensorType) and not argument.is_out
+                          for argument in schema.arguments)
         self.checked_on_cpu = (
             torch.Tag.pointwise in tags
-            or (self.random and only_mutates and not writes_out)
+            or (self.random and ((only_mutates and not writes_out) or factory))
             or op in _CHECKED_ON_CPU
         )
         self.serial = next(_SERIALS)  # stands for the op in cache keys (an int: no GC tracking)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import warnings
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -223,13 +224,19 @@ def check_on_cpu(entry, meta_args, meta_kwargs) -> None:
     def fill_for(name):  # an index of one element must be 0 to be in range
         return torch.zeros if name in _INDEX_ARGUMENTS else torch.ones
 
+    def trial(value, name):  # a factory's size: one element of that rank
+        if name == "size" and isinstance(value, (list, tuple)):
+            return [1] * len(value)
+        return empty(value, fill_for(name))
+
     names = [argument.name for argument in entry.op._schema.arguments]
-    args = [empty(value, fill_for(name)) for value, name in zip(meta_args, names)]
-    kwargs = {k: empty(v, fill_for(k)) for k, v in meta_kwargs.items()}
+    args = [trial(value, name) for value, name in zip(meta_args, names)]
+    kwargs = {k: trial(v, k) for k, v in meta_kwargs.items()}
     if entry.generator_arg is not None:
         kwargs[entry.generator_arg] = torch.Generator()
     try:
-        with _disable_current_modes():
+        with _disable_current_modes(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the trial's own (an out= tensor resized)
             entry.op(*args, **kwargs)
     except Exception as error:  # noqa: BLE001 - the CPU refuses these arguments
         raise MetaRejected(error) from error

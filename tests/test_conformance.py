@@ -49,6 +49,23 @@ ARGUMENT_CHECKS = {
 }
 
 
+RANDOM_FACTORY_CHECKS = {
+    "randint complex": lambda d: torch.randint(6, (3,), device=d, dtype=torch.complex64),
+    "randint complex, empty": lambda d: torch.randint(6, (0,), device=d, dtype=torch.complex64),
+    "randperm overflows uint8": lambda d: torch.randperm(257, out=torch.empty(0, dtype=torch.uint8, device=d)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RANDOM_FACTORY_CHECKS))
+def test_random_factory_argument_errors_raise_at_the_call(name):
+    call = RANDOM_FACTORY_CHECKS[name]
+    expected = _cpu_error(call)
+    assert expected is not None
+    with pytest.raises(type(expected)) as raised:
+        call("neuron")
+    assert str(raised.value) == str(expected)
+
+
 def _index(t):
     return torch.tensor([3], device=t.device)
 
