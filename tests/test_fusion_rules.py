@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import adaptive_eager
-from adaptive_eager.fusion.graph import would_create_cycle
+from adaptive_eager.fusion.window_graph import would_create_cycle
 from conftest import assert_same, windows_at_sync_points
 
 
