@@ -305,16 +305,18 @@ def _fuse_horizontally(groups, group_of, window: WindowGraph, members_of) -> Non
 
 
 def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_chip_bytes: int = 0,
-                patterns: bool = True, every_op_fallible: bool = False) -> Plan:
+                patterns: bool = True, every_op_fallible: bool = False, released=frozenset()) -> Plan:
     """Group the window's records into kernels.
 
     ``escapes(index, position)`` tells whether a record's output is still referenced from
     Python (or aliased by a view) at flush; those are written back to device memory.
+    ``released``: storages written in place that nothing references at flush (their
+    writes need not be written back when only the kernel touches them).
     ``every_op_fallible``: any op may fail (fault injection), so kernels keep program order.
     """
     count = len(records)
     kinds = [category(record.op) for record in records]
-    window = WindowGraph(records, escapes, every_op_fallible)
+    window = WindowGraph(records, escapes, released, every_op_fallible)
     graph = window.dependencies
     groups = {index: Group(index, kinds[index], records[index]) for index in range(count)}
     group_of = list(range(count))

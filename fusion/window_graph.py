@@ -50,23 +50,27 @@ class WindowGraph:
       output every one of whose users is inside a kernel never leaves it);
     - ``escaping``: (position, result index) of the outputs still referenced at the flush
       (``escapes``), which are written back to device memory;
-    - ``released``: written storages nothing references any more (``DeviceStorage.alive``
-      is False: a buffer autograd accumulated a gradient into and let go), whose writes
-      need not be written back;
+    - ``released``: written storages nothing references any more at the flush (a buffer
+      autograd accumulated a gradient into and let go), whose writes need not be written
+      back.
+
+    The escape bits are the caller's: the window reads them from its plan-cache key
+    (``AdaptiveSink._escape_bits``), so a plan always matches the key it is cached under.
     - ``dependencies``: the ``networkx.DiGraph`` of hazard edges (module docstring).
     """
 
     __slots__ = ("records", "producer", "readers", "written", "touched_by", "escaping", "released", "dependencies")
 
-    def __init__(self, records, escapes, every_op_fallible: bool = False) -> None:
-        """``escapes(position, result index)``: is that output still referenced at flush."""
+    def __init__(self, records, escapes, released=frozenset(), every_op_fallible: bool = False) -> None:
+        """``escapes(position, result index)``: is that output still referenced at flush;
+        ``released``: the written storages that are not."""
         self.records = records
         self.producer: dict = {}
         self.readers: dict = {}
         self.written: set = set()
         self.touched_by: dict = {}
         self.escaping: set = set()
-        self.released: set = set()
+        self.released = released
         graph = self.dependencies = nx.DiGraph()
         graph.add_nodes_from(range(len(records)))
         has_edge, add_edge = graph.has_edge, graph.add_edge
@@ -74,7 +78,7 @@ class WindowGraph:
         since_write: dict = {}  # storage -> how many of its readers came before that
         last_ordered = None
         readers, touched_by, producer = self.readers, self.touched_by, self.producer
-        written, escaping, released = self.written, self.escaping, self.released
+        written, escaping = self.written, self.escaping
         for position, record in enumerate(records):
             reads, writes = record.reads, record.writes
             for storage in reads:  # read after write
@@ -105,8 +109,6 @@ class WindowGraph:
                 since_write[storage] = len(readers.get(storage, ()))
                 written.add(storage)
                 touched_by.setdefault(storage, set()).add(position)
-                if not storage.alive:
-                    released.add(storage)
             for index, storage in enumerate(record.results):
                 if storage is not None:  # a fresh storage: no reader before it
                     last_writer[storage] = position
