@@ -112,13 +112,15 @@ def _signature(members, graph, where, dead) -> tuple:
     by first appearance, complemented), since a built kernel's in-place rules depend on it.
     ``where``: window position -> offset in ``members``."""
     records = graph.records
-    produced_in = graph.produced_in
+    producer = graph.producer
     outside: dict = {}
 
     def number(storage):
-        produced = produced_in(storage, where)
+        produced = producer.get(storage)
         if produced is not None:
-            return produced
+            offset = where.get(produced[0])  # produced inside the kernel, by this member
+            if offset is not None:
+                return offset
         found = outside.get(storage)
         if found is None:
             found = outside[storage] = ~len(outside)
@@ -146,7 +148,8 @@ def _build_spec(members, graph, where, dead, signature, patterns=(), repeats=1, 
         unfused_bytes += cost.bytes
         compute_us += cost.compute_us
         for storage, nbytes in zip(record.reads, cost.read_bytes):
-            if graph.produced_in(storage, where) is None:
+            produced = producer.get(storage)
+            if produced is None or produced[0] not in where:  # from outside the kernel
                 external_reads[storage] = max(external_reads.get(storage, 0), nbytes)
         for position, (storage, nbytes) in enumerate(zip(record.results, cost.result_bytes)):
             if storage is not None and (offset, position) not in dead:

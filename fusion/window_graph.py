@@ -71,51 +71,62 @@ class WindowGraph:
         self.touched_by: dict = {}
         self.escaping: set = set()
         self.released = released
-        graph = self.dependencies = nx.DiGraph()
-        graph.add_nodes_from(range(len(records)))
-        has_edge, add_edge = graph.has_edge, graph.add_edge
+        self.dependencies = nx.DiGraph()
+        self.dependencies.add_nodes_from(range(len(records)))
         last_writer: dict = {}  # storage -> the last position writing or producing it
         since_write: dict = {}  # storage -> how many of its readers came before that
+        edges = []  # (before, after, {"kind": ...}), in the order found
         last_ordered = None
-        readers, touched_by, producer = self.readers, self.touched_by, self.producer
-        written, escaping = self.written, self.escaping
         for position, record in enumerate(records):
-            reads, writes = record.reads, record.writes
-            for storage in reads:  # read after write
-                writer = last_writer.get(storage)
-                if writer is not None and writer != position and not has_edge(writer, position):
-                    add_edge(writer, position, kind="raw")
-            for storage in writes:  # write after read: the readers since its last write
-                for reader in readers.get(storage, ())[since_write.get(storage, 0):]:
-                    if reader != position and not has_edge(reader, position):
-                        add_edge(reader, position, kind="war")
-            if last_ordered is not None and not has_edge(last_ordered, position):
-                add_edge(last_ordered, position, kind="ordered")
+            before = self._hazards(record, last_writer, since_write)
+            if last_ordered is not None:
+                before.setdefault(last_ordered, "ordered")
+            edges.extend((earlier, position, {"kind": kind}) for earlier, kind in before.items())
             if every_op_fallible or fallible(record):
                 last_ordered = position
-            for storage in reads:
-                seen = readers.get(storage)
-                if seen is None:
-                    readers[storage] = [position]
-                else:
-                    seen.append(position)
-                touched = touched_by.get(storage)
-                if touched is None:
-                    touched_by[storage] = {position}
-                else:
-                    touched.add(position)
-            for storage in writes:
+            self._note(position, record, escapes, last_writer, since_write)
+        self.dependencies.add_edges_from(edges)
+
+    def _hazards(self, record, last_writer: dict, since_write: dict) -> dict:
+        """The earlier positions ``record`` must run after, for its data: each with the
+        kind of its first hazard (every position noted so far is earlier)."""
+        before: dict = {}
+        for storage in record.reads:  # read after write
+            writer = last_writer.get(storage)
+            if writer is not None:
+                before.setdefault(writer, "raw")
+        readers = self.readers
+        for storage in record.writes:  # write after read: the readers since its last write
+            for reader in readers.get(storage, ())[since_write.get(storage, 0):]:
+                before.setdefault(reader, "war")
+        return before
+
+    def _note(self, position: int, record, escapes, last_writer: dict, since_write: dict) -> None:
+        """Add one record's reads, writes and outputs to the window's facts."""
+        readers, touched_by = self.readers, self.touched_by
+        for storage in record.reads:
+            seen = readers.get(storage)
+            if seen is None:
+                readers[storage] = [position]
+            else:
+                seen.append(position)
+            touched = touched_by.get(storage)
+            if touched is None:
+                touched_by[storage] = {position}
+            else:
+                touched.add(position)
+        for storage in record.writes:
+            last_writer[storage] = position
+            since_write[storage] = len(readers.get(storage, ()))
+            self.written.add(storage)
+            touched_by.setdefault(storage, set()).add(position)
+        for index, storage in enumerate(record.results):
+            if storage is not None:  # a fresh storage: no reader before it
                 last_writer[storage] = position
-                since_write[storage] = len(readers.get(storage, ()))
-                written.add(storage)
-                touched_by.setdefault(storage, set()).add(position)
-            for index, storage in enumerate(record.results):
-                if storage is not None:  # a fresh storage: no reader before it
-                    last_writer[storage] = position
-                    producer[storage] = (position, index)
-                    touched_by[storage] = {position}
-                    if escapes(position, index):
-                        escaping.add((position, index))
+                self.producer[storage] = (position, index)
+                touched_by[storage] = {position}
+                if escapes(position, index):
+                    self.escaping.add((position, index))
 
     def escapes(self, position: int, index: int) -> bool:
         """Is output ``index`` of the op at ``position`` still referenced at the flush?"""
