@@ -45,9 +45,9 @@ from adaptive_eager_device.execution_queue import BatchCost
 from adaptive_eager_device.reasons import Refused
 
 from .categories import BARRIER, FOREACH, MATMUL, OPAQUE, REDUCTION, category
-from .window_graph import WindowGraph, would_create_cycle
 from .kernels import group_spec
 from .patterns import KINDS as LIBRARY_KINDS, find_patterns
+from .window_graph import WindowGraph, would_create_cycle
 
 LOG = logging.getLogger("adaptive_eager.fusion")
 _CAT = torch.ops.aten.cat.default

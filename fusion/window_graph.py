@@ -52,11 +52,14 @@ class WindowGraph:
       (``escapes``), which are written back to device memory;
     - ``released``: written storages nothing references any more at the flush (a buffer
       autograd accumulated a gradient into and let go), whose writes need not be written
-      back.
+      back;
+    - ``dependencies``: the ``networkx.DiGraph`` of hazard edges (module docstring).
 
     The escape bits are the caller's: the window reads them from its plan-cache key
     (``AdaptiveSink._escape_bits``), so a plan always matches the key it is cached under.
-    - ``dependencies``: the ``networkx.DiGraph`` of hazard edges (module docstring).
+    A value's last use (where a kernel frees it from its registers) is the kernel's own
+    (``kernels._build_spec``, in member offsets): a library kernel moves its chain's reads
+    to the chain's last op.
     """
 
     __slots__ = ("records", "producer", "readers", "written", "touched_by", "escaping", "released", "dependencies")
