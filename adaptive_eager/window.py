@@ -111,10 +111,11 @@ class AdaptiveSink:
         injecting = QUEUE.faults is not None  # any op may fail: plan afresh, in program order
         plan = None if injecting else self.plan_cache.lookup(key)
         if plan is None:
-            escaping = self._escaping_in(records, key)
+            escaping, released = self._escape_bits(records, key)
             plan = plan_window(
                 records, lambda index, position: (index, position) in escaping, self.unfusable,
                 self.kernel_cache, self.policy.on_chip_bytes, self.policy.patterns, every_op_fallible=injecting,
+                released=released,
             )
             if not injecting:
                 self.plan_cache[key] = plan
@@ -160,18 +161,25 @@ class AdaptiveSink:
         return tuple(parts)
 
     @staticmethod
-    def _escaping_in(records, key) -> set:
-        """(record, output position) of the escaping outputs a ``_structure`` key marks."""
+    def _escape_bits(records, key) -> tuple:
+        """What a ``_structure`` key marks: the (record, output position) of the escaping
+        outputs, and the written storages nothing references any more. The plan is made
+        from these, not from ``DeviceStorage.alive`` again, so it always matches its key."""
         escaping = set()
+        released = set()
         at = 0
         for index, record in enumerate(records):
-            at += 1 + len(record.reads) + len(record.writes)  # the id, reads, writes
+            at += 1 + len(record.reads)  # the id, reads
+            for storage in record.writes:
+                if key[at] < 0:
+                    released.add(storage)
+                at += 1
             for position in range(len(record.results)):
                 number = key[at]
                 if number is not None and number < 0:
                     escaping.add((index, position))
                 at += 1
-        return escaping
+        return escaping, released
 
     def _hand_over(self, plan, records) -> None:
         """Hand the window to the queue. The records belong to the device worker from

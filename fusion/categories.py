@@ -109,7 +109,7 @@ def fallible(record) -> bool:
     inputs (not only on their shapes, which the host checks: an index out of range,
     integer division by zero), or it is random (its draws depend on the draws before it;
     some also check their probabilities). The dependency graph runs no later op before
-    such an op (``graph.py``, ``ordered`` edges)."""
+    such an op (``window_graph.py``, ``ordered`` edges)."""
     op = record.op
     known = _FALLIBLE_BY_OP.get(op)
     if known is None:

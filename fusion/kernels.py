@@ -1,10 +1,10 @@
 """Fused kernels: what a group of ops costs, and how it runs as one launch.
 
-Entry points: :func:`group_spec` (a planned group -> :class:`GroupSpec`),
-:class:`KernelSpec` (the cacheable, position-free description of a fused kernel),
-:class:`KernelCache` (an LRU of specs by signature), :class:`FusedKernel`
-(one launch on the execution queue) and :class:`WindowLaunches` (a flushed window's
-launches, handed to the queue as one command list).
+Entry points: :func:`group_spec` (a planned group, with its window's ``WindowGraph``,
+-> :class:`GroupSpec`), :class:`KernelSpec` (the cacheable, position-free description of
+a fused kernel), :class:`KernelCache` (an LRU of specs by signature),
+:class:`FusedKernel` (one launch on the execution queue) and :class:`WindowLaunches` (a
+flushed window's launches, handed to the queue as one command list).
 
 A fused kernel runs its ops back to back on the device worker, in program order, keeping
 its *dead intermediates* in an environment instead of device memory: an output produced
@@ -106,21 +106,21 @@ class KernelCache(CountingLRU):
         )
 
 
-def _signature(members, records, touched_by, dead) -> tuple:
+def _signature(members, graph, where, dead) -> tuple:
     """What identifies a fused kernel: its ops' signatures, how data flows between them,
     which of their outputs are dead, and which outside storages are the same one (numbered
-    by first appearance, complemented), since a built kernel's in-place rules depend on it."""
-    producers = {}
+    by first appearance, complemented), since a built kernel's in-place rules depend on it.
+    ``where``: window position -> offset in ``members``."""
+    records = graph.records
+    producer = graph.producer
     outside: dict = {}
-    for offset, index in enumerate(members):
-        for storage in records[index].results:
-            if storage is not None:
-                producers[storage] = offset
 
     def number(storage):
-        produced = producers.get(storage)
+        produced = producer.get(storage)
         if produced is not None:
-            return produced
+            offset = where.get(produced[0])  # produced inside the kernel, by this member
+            if offset is not None:
+                return offset
         found = outside.get(storage)
         if found is None:
             found = outside[storage] = ~len(outside)
@@ -134,13 +134,10 @@ def _signature(members, records, touched_by, dead) -> tuple:
     return (tuple(records[index].key for index in members), flow, tuple(sorted(dead)), len(members))
 
 
-def _build_spec(members, records, dead, signature, patterns=(), repeats=1, dead_writes=frozenset()) -> KernelSpec:
-    produced = {}
-    for offset, index in enumerate(members):
-        for position, storage in enumerate(records[index].results):
-            if storage is not None:
-                produced[storage] = (offset, position)
-    dead_storages = {storage for storage, where in produced.items() if where in dead}
+def _build_spec(members, graph, where, dead, signature, patterns=(), repeats=1, dead_writes=frozenset()) -> KernelSpec:
+    records = graph.records
+    producer = graph.producer
+    dead_storages = {records[members[offset]].results[position] for offset, position in dead}
     external_reads: dict = {}
     written: dict = {}
     compute_us = 0.0
@@ -151,7 +148,8 @@ def _build_spec(members, records, dead, signature, patterns=(), repeats=1, dead_
         unfused_bytes += cost.bytes
         compute_us += cost.compute_us
         for storage, nbytes in zip(record.reads, cost.read_bytes):
-            if storage not in produced:
+            produced = producer.get(storage)
+            if produced is None or produced[0] not in where:  # from outside the kernel
                 external_reads[storage] = max(external_reads.get(storage, 0), nbytes)
         for position, (storage, nbytes) in enumerate(zip(record.results, cost.result_bytes)):
             if storage is not None and (offset, position) not in dead:
@@ -179,8 +177,9 @@ def _build_spec(members, records, dead, signature, patterns=(), repeats=1, dead_
     last_read: dict = {}
     for offset, index in enumerate(members):
         for storage in records[index].reads:
-            if storage in dead_storages:
-                value = produced[storage]
+            if storage in dead_storages:  # produced inside: a dead output is touched only here
+                position, result = producer[storage]
+                value = (where[position], result)
                 last_read[value] = max(last_read.get(value, 0), runs_at.get(offset, offset))
     last_uses = [[] for _ in members]
     for value, offset in last_read.items():
@@ -212,36 +211,44 @@ def _kernel_name(members, records, patterns) -> str:
     return "|".join(parts)
 
 
-def group_spec(members, records, touched_by, escapes, kernel_cache=None, matches=(), repeats=1) -> GroupSpec:
+def group_spec(members, graph, kernel_cache=None, matches=(), repeats=1) -> GroupSpec:
+    """A planned group of window positions -> its ``GroupSpec``, the window's facts read
+    from its ``WindowGraph``. Its kernel (several ops, or a library kernel) comes from
+    ``kernel_cache`` by signature, built on a miss."""
     members = tuple(members)
     if len(members) == 1 and not matches:
         return GroupSpec(members, None)
+    records = graph.records
+    touched_by = graph.touched_by
+    escaping = graph.escaping
     inside = set(members)
-    dead = set()
-    for offset, index in enumerate(members):
-        for position, storage in enumerate(records[index].results):
-            if storage is None or escapes(index, position):
-                continue
-            if touched_by.get(storage, set()) <= inside:
-                dead.add((offset, position))
-    # Writes in place to a storage nothing references any more (``DeviceStorage.alive``:
-    # a buffer autograd accumulated a gradient into and let go), touched only inside the
-    # kernel: nothing can read the value after it, so it is never written back either.
+    # outputs every user of which is inside the kernel, not referenced at flush: kept in
+    # registers, never written back
+    dead = {
+        (offset, position)
+        for offset, index in enumerate(members)
+        for position, storage in enumerate(records[index].results)
+        if storage is not None and (index, position) not in escaping and touched_by[storage] <= inside
+    }
+    # Writes in place to a storage nothing references any more (``graph.released``),
+    # touched only inside the kernel: nothing can read the value after it, so it is never
+    # written back either.
+    released = graph.released
     dead_writes = {
         (offset, i)
         for offset, index in enumerate(members)
         for i, storage in enumerate(records[index].writes)
-        if not storage.alive and touched_by.get(storage, set()) <= inside
+        if storage in released and touched_by[storage] <= inside
     }
     where = {index: offset for offset, index in enumerate(members)}
-    signature = _signature(members, records, touched_by, dead) + (tuple(sorted(dead_writes)),) + tuple(
+    signature = _signature(members, graph, where, dead) + (tuple(sorted(dead_writes)),) + tuple(
         (match.name, tuple(where[p] for p in match.members)) for match in sorted(matches, key=lambda m: m.members)
     )
 
     def build():
         patterns = tuple(match.spec(members) for match in sorted(matches, key=lambda m: m.members))
         written_dead = {records[members[offset]].writes[i] for offset, i in dead_writes}
-        return _build_spec(members, records, dead, signature, patterns, repeats, written_dead)
+        return _build_spec(members, graph, where, dead, signature, patterns, repeats, written_dead)
 
     spec = kernel_cache.get_or_build(signature, build) if kernel_cache is not None else build()
     return GroupSpec(members, spec)

@@ -1,9 +1,10 @@
 """The machinery of the pattern library (``fusion/patterns.py``): what a matcher asks
 about a window, what a match is, and where a matched chain sits in a kernel.
 
-Entry points: :class:`Context` (a window's data flow, for matchers), :class:`Match` (a
-matched chain by window positions), :class:`PatternSpec` (the same chain by offsets
-inside its fused kernel) and :func:`checks_pass` (are a match's constants still there).
+Entry points: :class:`Context` (a window's data flow for matchers, read from its
+``WindowGraph``), :class:`Match` (a matched chain by window positions),
+:class:`PatternSpec` (the same chain by offsets inside its fused kernel) and
+:func:`checks_pass` (are a match's constants still there).
 """
 from __future__ import annotations
 
@@ -71,20 +72,13 @@ class Match:
 class Context:
     """What matchers ask about a window."""
 
-    def __init__(self, records, escapes) -> None:
-        self.records = records
-        self.escapes = escapes
-        self.producer: dict = {}  # storage -> (position, result index)
-        self.readers: dict = {}  # storage -> [positions reading it, with repeats]
-        self.written: set = set()  # storages written in place in the window
-        for position, record in enumerate(records):
-            for storage in record.reads:
-                self.readers.setdefault(storage, []).append(position)
-            for storage in record.writes:
-                self.written.add(storage)
-            for index, storage in enumerate(record.results):
-                if storage is not None:
-                    self.producer[storage] = (position, index)
+    def __init__(self, graph) -> None:
+        """``graph``: the window's ``WindowGraph`` (``fusion/window_graph.py``)."""
+        self.records = graph.records
+        self.escapes = graph.escapes  # (position, result index) -> still referenced at flush?
+        self.producer = graph.producer  # storage -> (position, result index)
+        self.readers = graph.readers  # storage -> [positions reading it, with repeats]
+        self.written = graph.written  # storages written in place in the window
         self.claimed: set = set()
 
     def name(self, position: int) -> str:

@@ -374,9 +374,11 @@ KINDS = {
 }
 
 
-def find_patterns(records, escapes) -> tuple[list, dict]:
-    """Matches in the window (disjoint, from the last op backwards) and refusal reasons."""
-    ctx = Context(records, escapes)
+def find_patterns(graph) -> tuple[list, dict]:
+    """Matches in the window (its ``WindowGraph``: disjoint, from the last op backwards)
+    and refusal reasons."""
+    ctx = Context(graph)
+    records = ctx.records
     matches, refusals = [], {}
     for root in range(len(records) - 1, -1, -1):
         if root in ctx.claimed:

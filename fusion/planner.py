@@ -1,12 +1,14 @@
 """Planning one window: which recorded ops run together as one fused kernel.
 
-Entry point: :func:`plan_window` (records, which outputs escape) -> :class:`Plan`.
+Entry point: :func:`plan_window` (records, which outputs escape) -> :class:`Plan`. It
+builds the window's ``WindowGraph`` (``fusion/window_graph.py``: data flow, escape bits,
+hazard edges) once, and the patterns, the merges and the kernel specs all read it.
 
 The contracts, kept apart as in Inductor's scheduler:
 
 - :func:`can_fuse` is legality only: it answers yes, or no with a reason;
 - :func:`score` is profitability only: the bytes a merge keeps out of device memory;
-- :func:`fusion.graph.would_create_cycle` guards every merge.
+- :func:`fusion.window_graph.would_create_cycle` guards every merge.
 
 The greedy loop takes data-flow edges best score first and merges the two groups at their
 ends when legal. What may share a kernel:
@@ -43,9 +45,9 @@ from adaptive_eager_device.execution_queue import BatchCost
 from adaptive_eager_device.reasons import Refused
 
 from .categories import BARRIER, FOREACH, MATMUL, OPAQUE, REDUCTION, category
-from .graph import build_graph, would_create_cycle
 from .kernels import group_spec
 from .patterns import KINDS as LIBRARY_KINDS, find_patterns
+from .window_graph import WindowGraph, would_create_cycle
 
 LOG = logging.getLogger("adaptive_eager.fusion")
 _CAT = torch.ops.aten.cat.default
@@ -263,21 +265,21 @@ class Plan:
         )
 
 
-def _chain_shape(members, records) -> tuple:
+def _chain_shape(members, window: WindowGraph) -> tuple:
     """What makes two groups the same chain for horizontal fusion: their ops in order and
     how data flows between them (shapes may differ, as in a multi-tensor kernel)."""
-    position = {index: offset for offset, index in enumerate(members)}
-    produced = {}
-    for index in members:
-        for storage in records[index].results:
-            if storage is not None:
-                produced[storage] = position[index]
-    return tuple(
-        (records[index].op, tuple(produced.get(s, -1) for s in records[index].reads)) for index in members
-    )
+    records = window.records
+    where = {index: offset for offset, index in enumerate(members)}
+    produced_in = window.produced_in
+
+    def source(storage) -> int:
+        offset = produced_in(storage, where)
+        return -1 if offset is None else offset
+
+    return tuple((records[index].op, tuple(source(s) for s in records[index].reads)) for index in members)
 
 
-def _fuse_horizontally(groups, group_of, records, graph, members_of) -> None:
+def _fuse_horizontally(groups, group_of, window: WindowGraph, members_of) -> None:
     """Put independent copies of the same multi-op chain into one launch: a multi-tensor
     kernel, as an optimizer step issues the same short chain for every parameter. Legal
     when no path joins them (the cycle check); the ops still run in program order."""
@@ -286,14 +288,14 @@ def _fuse_horizontally(groups, group_of, records, graph, members_of) -> None:
         group = groups[gid]
         if len(group.members) < 2 or group.matches:
             continue
-        buckets.setdefault(_chain_shape(sorted(group.members), records), []).append(gid)
+        buckets.setdefault(_chain_shape(sorted(group.members), window), []).append(gid)
     for gids in buckets.values():
         if len(gids) < 2:
             continue
         head = groups[gids[0]]
         for gid in gids[1:]:
             other = groups[gid]
-            if would_create_cycle(graph, head.members, other.members, members_of):
+            if would_create_cycle(window.dependencies, head.members, other.members, members_of):
                 continue
             head.members += other.members
             head.repeats += other.repeats
@@ -303,16 +305,19 @@ def _fuse_horizontally(groups, group_of, records, graph, members_of) -> None:
 
 
 def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_chip_bytes: int = 0,
-                patterns: bool = True, every_op_fallible: bool = False) -> Plan:
+                patterns: bool = True, every_op_fallible: bool = False, released=frozenset()) -> Plan:
     """Group the window's records into kernels.
 
     ``escapes(index, position)`` tells whether a record's output is still referenced from
     Python (or aliased by a view) at flush; those are written back to device memory.
+    ``released``: storages written in place that nothing references at flush (their
+    writes need not be written back when only the kernel touches them).
     ``every_op_fallible``: any op may fail (fault injection), so kernels keep program order.
     """
     count = len(records)
     kinds = [category(record.op) for record in records]
-    graph = build_graph(records, every_op_fallible)
+    window = WindowGraph(records, escapes, released, every_op_fallible)
+    graph = window.dependencies
     groups = {index: Group(index, kinds[index], records[index]) for index in range(count)}
     group_of = list(range(count))
     refusals: dict = {}
@@ -321,7 +326,7 @@ def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_c
         return groups[group_of[node]].members
 
     if patterns:
-        matches, pattern_refusals = find_patterns(records, escapes)
+        matches, pattern_refusals = find_patterns(window)
         for reason, count in pattern_refusals.items():
             refusals[reason] = refusals.get(reason, 0) + count
             LOG.debug("not matching %s (%d times)", reason, count)
@@ -369,7 +374,7 @@ def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_c
             refusals[reason] = refusals.get(reason, 0) + 1
             LOG.debug("not fusing %s -> %s: %s", records[u].name, records[v].name, reason)
 
-    _fuse_horizontally(groups, group_of, records, graph, members_of)
+    _fuse_horizontally(groups, group_of, window, members_of)
 
     # launch order: a topological order of the groups, smallest first position first
     quotient = nx.DiGraph()
@@ -378,14 +383,8 @@ def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_c
         if group_of[u] != group_of[v]:
             quotient.add_edge(group_of[u], group_of[v])
     order = nx.lexicographical_topological_sort(quotient, key=lambda gid: min(groups[gid].members))
-    touched_by: dict = {}
-    for index, record in enumerate(records):
-        for storage in (*record.reads, *record.writes, *record.results):
-            if storage is not None:
-                touched_by.setdefault(storage, set()).add(index)
     specs = [
-        group_spec(sorted(groups[gid].members), records, touched_by, escapes, kernel_cache, groups[gid].matches,
-                   groups[gid].repeats)
+        group_spec(sorted(groups[gid].members), window, kernel_cache, groups[gid].matches, groups[gid].repeats)
         for gid in order
     ]
     return Plan(specs, refusals, records)

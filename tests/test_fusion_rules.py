@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import adaptive_eager
-from adaptive_eager.fusion.graph import would_create_cycle
+from adaptive_eager.fusion.window_graph import would_create_cycle
 from conftest import assert_same, windows_at_sync_points
 
 
@@ -247,6 +247,36 @@ def test_an_in_place_write_to_a_live_buffer_is_written_back():
     buffer = d * 2
     torch.neuron.synchronize()
     adaptive_eager.reset_stats()
+    buffer.add_(1)
+    total = buffer.sum()
+    assert_same(total, (x * 2 + 1).sum())
+    assert adaptive_eager.stats()["bytes_moved"] == 64 * 4 + 64 * 4 + 4  # read, written back, the sum
+    assert_same(buffer, x * 2 + 1)
+
+
+def test_the_plan_takes_its_cache_keys_escape_bits(monkeypatch):
+    """A plan is cached under its window's key, so it must be made from the escape bits
+    that key holds: a buffer still referenced when the key is built is charged as written
+    back even if it is let go before the planner runs (a collection, another thread), as
+    every later window with that key, whose buffer lives on, will reuse the plan."""
+    import adaptive_eager.window as window
+
+    planner = window.plan_window
+
+    def released_while_planning(records, *args, **kwargs):
+        (storage,) = records[0].writes
+        storage.alive = False  # what a collection during planning would do
+        try:
+            return planner(records, *args, **kwargs)
+        finally:
+            storage.alive = True
+
+    x = torch.randn(64)
+    (d,) = device(x)
+    buffer = d * 2
+    torch.neuron.synchronize()
+    adaptive_eager.reset_stats()
+    monkeypatch.setattr(window, "plan_window", released_while_planning)
     buffer.add_(1)
     total = buffer.sum()
     assert_same(total, (x * 2 + 1).sum())

@@ -1,4 +1,4 @@
-"""The dependency graph's hazard edges (``fusion/graph.py``), one test per hazard.
+"""The dependency graph's hazard edges (``fusion/window_graph.py``), one test per hazard.
 
 Each test is a window where fusion, without the edge, would run an op before one it must
 follow: a wrong number or a kernel count shows it. Each was checked by deleting its edge
