@@ -253,5 +253,5 @@ CROSS_ENTROPY = Pattern(
 
 ATTENTION_BACKWARD = Custom(
     "attention_backward", match_attention_backward, "matmul",
-    "dV, dP, softmax backward, scale, dQ, dK -> one flash backward",
+    "dV, dP, softmax backward, scale, dQ, dK -> one flash backward", roots=("aten::bmm",),
 )

@@ -52,6 +52,11 @@ class Op:
         self.kwargs = tuple((key, _pattern(value)) for key, value in (kwargs or {}).items())
         self.name, self.readers, self.view, self.let = name, readers, view, let or {}
 
+    @property
+    def roots(self) -> tuple:
+        """The op names a record must have to match this node."""
+        return (self.op,)
+
     def match(self, ctx, value, bound) -> bool:
         position = ctx.source_of(value, self.op, self.view)
         return position is not None and self.match_at(ctx, position, bound)
@@ -93,6 +98,10 @@ class Alt:
 
     def match_at(self, ctx, position: int, bound) -> bool:
         return self.match(ctx, None, bound, at=position)
+
+    @property
+    def roots(self) -> tuple:
+        return tuple(dict.fromkeys(op for pattern in self.patterns for op in pattern.roots))
 
 
 class Arg:
@@ -198,6 +207,7 @@ class Pattern:
         self.name, self.tree, self.impl, self.kind, self.doc = name, tree, impl, kind, doc
         self.inputs, self.outputs, self.exports, self.checks = inputs, outputs, exports, checks
         self.guard, self.constants, self.charges = guard, constants, charges
+        self.roots = tree.roots  # the op names its chain may end with
 
     def match(self, ctx, root: int):
         """A :class:`Match` at ``root``, a refusal reason (the chain is there but not
@@ -232,10 +242,10 @@ class Pattern:
 
 class Custom:
     """A table entry whose chain a tree cannot say cleanly: ``matcher(ctx, root)`` returns
-    what :meth:`Pattern.match` does."""
+    what :meth:`Pattern.match` does, for a chain ending with one of the ops ``roots``."""
 
-    def __init__(self, name, matcher, kind, doc) -> None:
-        self.name, self.matcher, self.kind, self.doc = name, matcher, kind, doc
+    def __init__(self, name, matcher, kind, doc, roots) -> None:
+        self.name, self.matcher, self.kind, self.doc, self.roots = name, matcher, kind, doc, tuple(roots)
 
     def match(self, ctx, root: int):
         return self.matcher(ctx, root)

@@ -265,6 +265,20 @@ PATTERNS = [
 KINDS = {entry.name: entry.kind for entry in PATTERNS}
 
 
+
+def _by_root(table) -> dict:
+    """The entries by the op their chain ends with, in table order (as tinygrad's
+    PatternMatcher indexes its patterns by op): a root is tried against these alone."""
+    by_root: dict = {}
+    for entry in table:
+        for op in entry.roots:
+            by_root.setdefault(op, []).append(entry)
+    return by_root
+
+
+BY_ROOT = _by_root(PATTERNS)
+
+
 def find_patterns(records, escapes) -> tuple[list, dict]:
     """Matches in the window (disjoint, from the last op backwards) and refusal reasons."""
     ctx = Context(records, escapes)
@@ -272,7 +286,7 @@ def find_patterns(records, escapes) -> tuple[list, dict]:
     for root in range(len(records) - 1, -1, -1):
         if root in ctx.claimed:
             continue
-        for entry in PATTERNS:
+        for entry in BY_ROOT.get(ctx.name(root), ()):
             name = entry.name
             found = entry.match(ctx, root)
             if found is None:

@@ -84,20 +84,21 @@ def _anchored_spaces(producer, consumer, edge, kinds, records):
 # The loop rules; the first reason refuses the merge. The rules over each group are asked
 # of the producer, then of the consumer, before the rules over the pair, in this order.
 LOOP_RULES = (
-    LoopRule("library kernel", "every library kernel in the group has a kind (patterns.KINDS)",
+    LoopRule("known_library_kernels", "every library kernel in the group has a kind (patterns.KINDS)",
              _unknown_library_kernel, each_group=True),
-    LoopRule("opaque", "no opaque op and no barrier in the group", _opaque, each_group=True),
-    LoopRule("off chip", "the group is none that only the on-chip rule allowed", _off_chip, each_group=True),
-    LoopRule("one anchor", "at most one of the two holds a reduction or matmul", _two_anchors),
-    LoopRule("pointwise spaces", "without an anchor: one's iteration spaces hold the other's, or the producer's "
+    LoopRule("no_opaque_op", "no opaque op and no barrier in the group", _opaque, each_group=True),
+    LoopRule("streams_through_memory", "the group is none that only the on-chip rule allowed", _off_chip,
+             each_group=True),
+    LoopRule("one_anchor", "at most one of the two holds a reduction or matmul", _two_anchors),
+    LoopRule("pointwise_spaces", "without an anchor: one's iteration spaces hold the other's, or the producer's "
              "broadcast into the consumer's", _pointwise_spaces),
-    LoopRule("matmul prologue", "a matmul takes no prologue: the edge does not end at it", _matmul_prologue),
-    LoopRule("anchored spaces", "with an anchor: the other group's iteration spaces are the anchor's, or the "
+    LoopRule("no_matmul_prologue", "the edge does not end at a matmul (it takes an epilogue only)", _matmul_prologue),
+    LoopRule("anchored_spaces", "with an anchor: the other group's iteration spaces are the anchor's, or the "
              "producer's broadcast into the consumer's", _anchored_spaces),
 )
 
 
-# (check, which group it asks of: 0 the producer, 1 the consumer, None both), in order
+# (check, the group it asks of: 0 the producer, 1 the consumer, None the pair), in order
 _ASKED = tuple((rule.check, side) for side in (0, 1) for rule in LOOP_RULES if rule.each_group) + tuple(
     (rule.check, None) for rule in LOOP_RULES if not rule.each_group
 )
@@ -110,7 +111,10 @@ def loop_rules(producer, consumer, edge, kinds, records) -> str | None:
     """
     groups = (producer, consumer)
     for check, side in _ASKED:
-        reason = check(producer, consumer, edge, kinds, records) if side is None else check(groups[side], kinds, records)
+        if side is None:
+            reason = check(producer, consumer, edge, kinds, records)
+        else:
+            reason = check(groups[side], kinds, records)
         if reason is not None:
             return reason
     return None
