@@ -1,5 +1,6 @@
 """The machinery of the pattern library (``fusion/patterns.py``): what a matcher asks
-about a window, what a match is, and where a matched chain sits in a kernel.
+about a window, what a match is, and where a matched chain sits in a kernel. The pattern
+form that asks it is in ``fusion/pattern_form.py``.
 
 Entry points: :class:`Context` (a window's data flow, for matchers), :class:`Match` (a
 matched chain by window positions), :class:`PatternSpec` (the same chain by offsets

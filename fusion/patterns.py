@@ -1,7 +1,8 @@
 """The pattern library: op chains users write by hand, run as one library kernel.
 
 Entry points: :data:`PATTERNS` (the table), :data:`KINDS` (what each library kernel is
-to the loop rules) and :func:`find_patterns` (window -> matches). What matchers ask of a
+to the loop rules), :data:`BY_ROOT` (the table by the op a chain ends with) and
+:func:`find_patterns` (window -> matches). What matchers ask of a
 window, and what a match is, live in ``fusion/matching.py``; the pattern form and its
 matcher in ``fusion/pattern_form.py``.
 

@@ -4,7 +4,8 @@ Entry point: :func:`plan_window` (records, which outputs escape) -> :class:`Plan
 
 The contracts, kept apart as in Inductor's scheduler:
 
-- :func:`can_fuse` is legality only: it answers yes, or no with a reason;
+- :func:`can_fuse` is legality only: it answers yes, or no with a reason (the loop
+  rules below are a table in ``fusion/rules.py``, asked in order);
 - :func:`score` is profitability only: the bytes a merge keeps out of device memory;
 - :func:`fusion.graph.would_create_cycle` guards every merge.
 
