@@ -1,7 +1,9 @@
 """Library kernels modelled on SBUF-tiled (flash) kernels: attention and cross-entropy.
 
-Entry points: :func:`match_attention` and :func:`match_cross_entropy`, two matchers of the
-pattern table (``fusion/patterns.py``, where the rules every match follows are written).
+Entry points: :data:`ATTENTION`, :data:`ATTENTION_BACKWARD` and :data:`CROSS_ENTROPY`,
+three entries of the pattern table (``fusion/patterns.py``, where the rules every match
+follows are written). Attention's backward is found through the readers of the kept
+softmax output, not its producers: it keeps a matcher of its own.
 
 A flash kernel streams its inputs through on-chip memory in tiles and never writes the
 ``rows x columns`` matrix it normalizes (attention's scores ``S = QK^T``, cross-entropy's
@@ -29,6 +31,7 @@ import torch
 from adaptive_eager_device.storage import DeviceStorage, ViewRef
 
 from .matching import Context, Match
+from .pattern_form import ANY, Alt, Arg, Custom, Is, Op, Pattern
 
 _LSE_ITEMSIZE = 4  # the logsumexp is float32
 
@@ -40,61 +43,6 @@ def _lse_bytes(shape) -> int:
         rows *= size
     return rows * _LSE_ITEMSIZE
 
-
-
-def match_attention(ctx: Context, root: int):
-    """Attention written by hand, as matmul lowers it: bmm(q, k^T), times (or divided by) a
-    scale, an optional additive or masked_fill(mask, -inf) mask, softmax over the last dim,
-    bmm with v -> one kernel that scales, masks and normalizes the scores in place. In
-    training the softmax output is kept for backward: the simulation writes it back too,
-    and the cost counts the logsumexp a flash kernel writes instead (module docstring)."""
-    if ctx.name(root) != "aten::bmm":
-        return None
-    probs = ctx.source_reshaped(root, 0, "aten::_softmax")
-    if probs is None or ctx.arg(probs, 2) is not False:
-        return None
-    shape = ctx.records[probs].results[0].shape
-    if len(shape) != 4 or ctx.arg(probs, 1) not in (-1, 3):
-        return None
-    before = ctx.source(probs, 0)
-    if before is None:
-        return None
-    masking, checks = None, []
-    if ctx.name(before) == "aten::add" and ctx.records[before].kwargs.get("alpha", 1) == 1:
-        masking, scaled = "add", ctx.source(before, 0)
-    elif ctx.name(before) == "aten::masked_fill" and ctx.arg(before, 2) == float("-inf"):
-        masking, scaled = "fill", ctx.source(before, 0)
-        checks.append((before, 2, float("-inf")))
-    else:
-        scaled = before
-    if scaled is None or ctx.name(scaled) not in ("aten::mul", "aten::div"):
-        return None
-    factor = ctx.arg(scaled, 1)
-    if type(factor) is not float:
-        return None
-    scores = ctx.source_reshaped(scaled, 0, "aten::bmm")
-    if scores is None or ctx.records[scaled].results[0].shape != shape:
-        return None
-    batch, heads = shape[0], shape[1]
-    dtype = ctx.records[scores].results[0].dtype
-    if ctx.records[scores].results[0].shape[0] != batch * heads or ctx.records[before].results[0].dtype != dtype:
-        return None  # (in place, a mask of a wider dtype could not promote the scores)
-    mask = ctx.arg(before, 1) if masking else None
-    if masking and type(mask) not in (DeviceStorage, ViewRef):
-        return None
-    chain = [scores, scaled] + ([before] if masking else [])
-    if not (all(ctx.private(p, 1) for p in chain) and ctx.exportable(probs, 1, root)):
-        return "intermediate escapes or is shared"
-    export = ctx.needed_after(probs, root)
-    checks.append((scaled, 1, factor))
-    inputs = [(scores, 0), (scores, 1), (root, 1)] + ([(before, 1)] if masking else [])
-    return Match(
-        "attention", chain + [probs, root], _attention if masking else _attention_unmasked, inputs,
-        [(root, 0)] + ([(probs, 0)] if export else []), checks,
-        constants={"factor": factor, "divide": ctx.name(scaled) == "aten::div", "batch": batch, "heads": heads,
-                   "fill": masking == "fill", "export": export},
-        charges=[(probs, 0, _lse_bytes(shape))] if export else [],  # a flash kernel writes the lse, not S
-    )
 
 
 def _attention(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], factor: float,
@@ -123,31 +71,6 @@ def _attention_unmasked(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, fact
     return _attention(q, kt, v, None, factor, divide, batch, heads, fill, export)
 
 
-
-
-def match_cross_entropy(ctx: Context, root: int):
-    """_log_softmax(x, d) -> nll_loss_forward(that, target), no class weights ->
-    one pass over the logits. In training autograd keeps the log-probabilities: the
-    simulation writes them back, the cost counts their logsumexp (module docstring)."""
-    if ctx.name(root) != "aten::nll_loss_forward" or ctx.arg(root, 2) is not None:
-        return None
-    log_probs = ctx.source(root, 0, "aten::_log_softmax")
-    target = ctx.arg(root, 1)
-    if log_probs is None or ctx.arg(log_probs, 2) is not False or type(target) not in (DeviceStorage, ViewRef):
-        return None
-    reduction, ignore_index, dim = ctx.arg(root, 3), ctx.arg(root, 4), ctx.arg(log_probs, 1)
-    if not all(type(value) is int for value in (reduction, ignore_index, dim)):
-        return None
-    if not ctx.exportable(log_probs, 1, root):
-        return "intermediate escapes or is shared"
-    export = ctx.needed_after(log_probs, root)
-    shape = ctx.records[log_probs].results[0].shape
-    return Match(
-        "cross_entropy", [log_probs, root], _cross_entropy, [(log_probs, 0), (root, 1)],
-        [(root, 0), (root, 1)] + ([(log_probs, 0)] if export else []),
-        constants={"dim": dim, "reduction": reduction, "ignore_index": ignore_index, "export": export},
-        charges=[(log_probs, 0, _lse_bytes(shape))] if export else [],
-    )
 
 
 def _cross_entropy(x: torch.Tensor, target: torch.Tensor, dim: int, reduction: int, ignore_index: int,
@@ -243,3 +166,92 @@ def _attention_backward_unmasked(pt: torch.Tensor, grad_v: torch.Tensor, grad_p:
                                  divide: bool, other_index: int, root_index: int) -> List[torch.Tensor]:
     return _attention_backward(pt, grad_v, grad_p, vt, probs, other, last, None, factor, divide, other_index,
                                root_index)
+
+
+# -- the table entries ------------------------------------------------------------------
+
+
+def _is_tensor(ref) -> bool:
+    return type(ref) in (DeviceStorage, ViewRef)
+
+
+def _is_int(value) -> bool:
+    return type(value) is int
+
+
+def _scaled(op: str, divide: bool) -> Op:
+    """``bmm(q, k^T)`` (seen through matmul's reshapes) times or divided by a float scale."""
+    scores = Op("aten::bmm", name="scores", view=True)
+    return Op(op, scores, Arg("factor", lambda value: type(value) is float), name="scaled", let={"divide": divide})
+
+
+_SCALED = Alt(_scaled("aten::mul", False), _scaled("aten::div", True))
+_MASKED = Alt(  # + mask, or masked_fill(mask, -inf), or no mask
+    Op("aten::add", _SCALED, Arg("mask", _is_tensor), kwargs={"alpha": 1}, name="mask_add",
+       let={"impl": _attention, "fill": False}),
+    Op("aten::masked_fill", _SCALED, Arg("mask", _is_tensor), float("-inf"), name="mask_fill",
+       let={"impl": _attention, "fill": True}),
+    _SCALED,
+)
+
+
+def _attention_shapes(ctx: Context, bound) -> bool:
+    """4-d scores (batch, heads, queries, keys) from a 3-d bmm over batch x heads, the mask
+    no wider a dtype than the scores (in place, it could not promote them)."""
+    shape = ctx.records[bound["probs"]].results[0].shape
+    if len(shape) != 4:
+        return False
+    scores = ctx.records[bound["scores"]].results[0]
+    before = bound.get("mask_add", bound.get("mask_fill", bound["scaled"]))
+    return (ctx.records[bound["scaled"]].results[0].shape == shape and scores.shape[0] == shape[0] * shape[1]
+            and ctx.records[before].results[0].dtype == scores.dtype)
+
+
+def _attention_constants(ctx: Context, bound) -> dict:
+    shape = ctx.records[bound["probs"]].results[0].shape
+    return {"factor": bound["factor"], "divide": bound["divide"], "batch": shape[0], "heads": shape[1],
+            "fill": bound.get("fill", False), "export": ctx.needed_after(bound["probs"], bound["root"])}
+
+
+def _lse_charge(node: str):
+    """A flash kernel writes the row logsumexp of ``node``'s output, not the output itself."""
+    def charges(ctx: Context, bound) -> list:
+        if node not in bound["exported"]:
+            return []
+        return [(node, 0, _lse_bytes(ctx.records[bound[node]].results[0].shape))]
+    return charges
+
+
+# Attention written by hand, as matmul lowers it: bmm(q, k^T), times (or divided by) a
+# scale, an optional additive or masked_fill(mask, -inf) mask, softmax over the last dim,
+# bmm with v -> one kernel that scales, masks and normalizes the scores in place. In
+# training the softmax output is kept for backward: the simulation writes it back too,
+# and the cost counts the logsumexp a flash kernel writes instead (module docstring).
+ATTENTION = Pattern(
+    "attention",
+    Op("aten::bmm", Op("aten::_softmax", _MASKED, Is(-1, 3), False, name="probs", view=True)),
+    _attention_unmasked, "matmul", "q @ k^T * scale (+ mask), softmax, @ v -> one kernel, scores updated in place",
+    inputs=(("scores", 0), ("scores", 1), ("root", 1), ("mask_add", 1), ("mask_fill", 1)),
+    exports=("probs",), checks=(("mask_fill", 2, float("-inf")), ("scaled", 1, "factor")),
+    guard=_attention_shapes, constants=_attention_constants, charges=_lse_charge("probs"),
+)
+
+# _log_softmax(x, d) -> nll_loss_forward(that, target), no class weights -> one pass over
+# the logits. In training autograd keeps the log-probabilities: the simulation writes them
+# back, the cost counts their logsumexp (module docstring).
+CROSS_ENTROPY = Pattern(
+    "cross_entropy",
+    Op("aten::nll_loss_forward", Op("aten::_log_softmax", ANY, Arg("dim", _is_int), False, name="log_probs"),
+       Arg("target", _is_tensor), None, Arg("reduction", _is_int), Arg("ignore_index", _is_int)),
+    _cross_entropy, "reduction", "log_softmax, nll_loss -> one pass over the logits, their lse saved",
+    inputs=(("log_probs", 0), ("root", 1)), outputs=(("root", 0), ("root", 1)), exports=("log_probs",),
+    constants=lambda ctx, bound: {"dim": bound["dim"], "reduction": bound["reduction"],
+                                  "ignore_index": bound["ignore_index"],
+                                  "export": ctx.needed_after(bound["log_probs"], bound["root"])},
+    charges=_lse_charge("log_probs"),
+)
+
+ATTENTION_BACKWARD = Custom(
+    "attention_backward", match_attention_backward, "matmul",
+    "dV, dP, softmax backward, scale, dQ, dK -> one flash backward", roots=("aten::bmm",),
+)

@@ -1,5 +1,6 @@
 """The machinery of the pattern library (``fusion/patterns.py``): what a matcher asks
-about a window, what a match is, and where a matched chain sits in a kernel.
+about a window, what a match is, and where a matched chain sits in a kernel. The pattern
+form that asks it is in ``fusion/pattern_form.py``.
 
 Entry points: :class:`Context` (a window's data flow for matchers, read from its
 ``WindowGraph``), :class:`Match` (a matched chain by window positions),
@@ -98,24 +99,30 @@ class Context:
             return None
         return produced[0]
 
+    def source_of(self, ref, op_name: str | None = None, reshaped: bool = False):
+        """Position of the record whose (whole, first) output the recorded argument
+        ``ref`` is, if it is produced in this window (by ``op_name``); ``reshaped``: also
+        through a view that only reshapes that whole output."""
+        if type(ref) is DeviceStorage:
+            return self.producer_of(ref, op_name)
+        if not reshaped or type(ref) is not ViewRef:
+            return None
+        storage = ref.storage
+        if ref.offset != 0 or _numel(ref.shape) != _numel(storage.shape) or not (
+            _contiguous(ref.shape, ref.stride) and _contiguous(storage.shape, storage.stride)
+        ):
+            return None
+        return self.producer_of(storage, op_name)
+
     def source(self, position: int, index: int, op_name: str | None = None):
         """Position of the record whose (whole, first) output is argument ``index`` of the
         record at ``position``, if it is produced in this window (by ``op_name``)."""
-        ref = self.arg(position, index)
-        return self.producer_of(ref, op_name) if type(ref) is DeviceStorage else None
+        return self.source_of(self.arg(position, index), op_name)
 
     def source_reshaped(self, position: int, index: int, op_name: str | None = None):
         """As :meth:`source`, seeing through a view that only reshapes the whole output
         (matmul's ``expand``/``reshape``/``_unsafe_view`` around ``bmm``)."""
-        ref = self.arg(position, index)
-        if type(ref) is ViewRef:
-            storage = ref.storage
-            if ref.offset != 0 or _numel(ref.shape) != _numel(storage.shape) or not (
-                _contiguous(ref.shape, ref.stride) and _contiguous(storage.shape, storage.stride)
-            ):
-                return None
-            return self.producer_of(storage, op_name)
-        return self.source(position, index, op_name)
+        return self.source_of(self.arg(position, index), op_name, reshaped=True)
 
     def private(self, position: int, readers: int) -> bool:
         """Is the output of ``position`` an intermediate the chain owns: read exactly
@@ -187,3 +194,4 @@ def checks_pass(checks, records) -> bool:
         if not isinstance(actual, (int, float)) or not math.isclose(actual, value, rel_tol=1e-12, abs_tol=0.0):
             return False
     return True
+

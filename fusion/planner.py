@@ -6,7 +6,8 @@ hazard edges) once, and the patterns, the merges and the kernel specs all read i
 
 The contracts, kept apart as in Inductor's scheduler:
 
-- :func:`can_fuse` is legality only: it answers yes, or no with a reason;
+- :func:`can_fuse` is legality only: it answers yes, or no with a reason (the loop
+  rules below are a table in ``fusion/rules.py``, asked in order);
 - :func:`score` is profitability only: the bytes a merge keeps out of device memory;
 - :func:`fusion.window_graph.would_create_cycle` guards every merge.
 
@@ -47,6 +48,7 @@ from adaptive_eager_device.reasons import Refused
 from .categories import BARRIER, FOREACH, MATMUL, OPAQUE, REDUCTION, category
 from .kernels import group_spec
 from .patterns import KINDS as LIBRARY_KINDS, find_patterns
+from .rules import loop_rules
 from .window_graph import WindowGraph, would_create_cycle
 
 LOG = logging.getLogger("adaptive_eager.fusion")
@@ -134,47 +136,6 @@ def _group_numels(record) -> tuple:
     if not isinstance(first, (list, tuple)):
         return ()
     return tuple(math.prod(getattr(ref, "shape", ())) for ref in first)
-
-
-def loop_rules(producer: Group, consumer: Group, edge, kinds, records) -> str | None:
-    """What a kernel that streams its tensors through device memory can hold (see the
-    module docstring): one anchor, one iteration space, no matmul prologue, no opaque op."""
-    for group in (producer, consumer):
-        for match in group.matches:
-            if match.name not in LIBRARY_KINDS:
-                return Refused.LIBRARY_KERNEL.of(match.name)
-        for index in group.members:
-            if kinds[index] in (OPAQUE, BARRIER):
-                return Refused.OPAQUE.of(records[index].name)
-        if group.on_chip_only:
-            return Refused.OFF_CHIP
-    if producer.anchor is not None and consumer.anchor is not None:
-        return Refused.TWO_ANCHORS.of(f"{producer.anchor_kind} and {consumer.anchor_kind}")
-    anchored = producer if producer.anchor is not None else consumer if consumer.anchor is not None else None
-    if anchored is None:
-        if not (producer.numels <= consumer.numels or consumer.numels <= producer.numels
-                or _broadcast_into(producer, consumer)):
-            return Refused.ITERATION_SPACES
-    else:
-        if anchored.anchor_kind == MATMUL and (edge[1] == anchored.anchor or any(
-            LIBRARY_KINDS[match.name] == MATMUL and edge[1] in match.members for match in anchored.matches
-        )):
-            return Refused.MATMUL_PROLOGUE
-        other = consumer if anchored is producer else producer
-        if not (other.numels <= anchored.numels or (other is producer and _broadcast_into(producer, consumer))):
-            return Refused.ITERATION_SPACES.of(f"around a {anchored.anchor_kind}")
-    return None
-
-
-def _broadcast_into(producer: Group, consumer: Group) -> bool:
-    """Is ``producer`` a pointwise group whose (fewer) elements its consumer may read
-    broadcast, so the consumer's loop recomputes them, as Inductor inlines a pointwise
-    producer (a position embedding added to each sequence, a scalar gradient scattered)?
-    Each of its iteration spaces divides one of the consumer's."""
-    if producer.anchor is not None or any(type(n) is not int or n == 0 for n in producer.numels):
-        return False
-    spaces = [m for m in consumer.numels if type(m) is int]
-    return all(any(m % n == 0 and m > n for m in spaces) for n in producer.numels)
 
 
 def can_fuse(producer: Group, consumer: Group, edge, kinds, records, graph, unfusable,

@@ -168,6 +168,22 @@ def test_softmax_not_matched_when_an_intermediate_escapes():
     assert_same(e, torch.exp(x - x.amax(-1, keepdim=True)))
 
 
+def test_a_capture_met_again_must_be_the_same_tensor():
+    """x * sigmoid(y) is no SiLU: the tree's two ``x`` captures read different tensors."""
+    x, y = torch.randn(32), torch.randn(32)
+    dx, dy = on_device(x, y)
+    assert_same(dx * torch.sigmoid(dy), x * torch.sigmoid(y))
+    assert patterns() == {}
+
+
+def test_an_alternative_matches_when_the_first_does_not():
+    """sigmoid(x) * x: SiLU's second alternative (the gate as the first argument)."""
+    x = torch.randn(32)
+    (d,) = on_device(x)
+    assert_same(torch.sigmoid(d) * d, torch.sigmoid(x) * x, rtol=1e-6, atol=1e-7)
+    assert patterns() == {"silu": {"matched": 1, "ops": 2}}
+
+
 def test_silu_not_matched_when_the_gate_is_used_twice():
     x = torch.randn(16)
     (d,) = on_device(x)
