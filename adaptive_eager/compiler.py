@@ -20,7 +20,7 @@ The path of one compiled step:
    then flushes once ("graph"): the planner plans the whole graph (cycle check, patterns,
    dead intermediates, the on-chip rule) and each fused group is one launch on the
    execution queue. The plan is cached per graph and input structure, and hot fused
-   kernels are built (``fusion/compiled.py``) as in adaptive eager. A sync point inside a
+   kernels are built (``device/built_kernel.py``) as in adaptive eager. A sync point inside a
    graph (a CPU fallback, a data-dependent shape) flushes early, as in eager.
 
 Everything downstream is the eager machinery: the cost model, the trace, deferred errors

@@ -232,16 +232,14 @@ class Template:
     def issue(self, table) -> list:
         """Copies of the records over the call's storages, issued now."""
         stream = _STREAMS.current
-        issue = QUEUE.issued
+        issue = QUEUE.issue_ops(len(self.records))  # the simulated host, as if issued op by op
         records = []
         append = records.append
         for template in self.records:
             issue += 1
             append(template.bind(table, stream, issue))
-        QUEUE.issued = issue
         COUNTERS.ops_recorded += len(records)  # ops that reached the device, as the per-op path counts them
-        QUEUE.host_us += QUEUE.host_us_per_op * len(records)  # the simulated host, as if issued op by op
-        trace = QUEUE.trace
+        trace = QUEUE.trace_recorder
         if trace is not None:
             from time import perf_counter
 

@@ -171,7 +171,7 @@ def reset_stats() -> None:
     flush(Flush.RESET_STATS)
     QUEUE.drain()
     COUNTERS.reset()
-    QUEUE.kernel_totals.clear()
+    QUEUE.reset_kernel_summary()
     caches = FUSION.caches
     FUSION.reset()
     FUSION.caches = caches

@@ -20,20 +20,26 @@ Ops on ``neuron`` are recorded into the window, not launched. The window is flus
 
 At a flush the window's structure (op signatures, data flow, aliasing, which outputs are
 still referenced) keys the *plan cache*; on a miss, ``fusion.plan_window`` plans it. Each
-group becomes one launch: a fused kernel, or the op itself when it fuses with nothing.
+group becomes one launch: a fused kernel, or the op itself when it fuses with nothing. The
+window goes to the queue as one command list (``adaptive_eager_device.fused_kernel``),
+which the device worker runs.
+
+The window reads the queue only through its public API (``device/execution_queue.py``):
+``backlog_us()`` for the policy, ``injecting_faults`` and ``observing`` at a flush, and
+``take_failed_kernels()``: the fused kernels an op failed in, whose chains it stops
+fusing.
 """
 from __future__ import annotations
 
 import logging
-import torch
 
 from adaptive_eager_device.config import CONFIG
 from adaptive_eager_device.execution_queue import QUEUE
+from adaptive_eager_device.fused_kernel import WindowLaunches, checks_pass
 from adaptive_eager_device.reasons import Flush
 from .fusion.caches import CountingLRU
 from .fusion.categories import BARRIER, FOREACH, category
-from .fusion.kernels import FAILED_SIGNATURES, KernelCache, WindowLaunches
-from .fusion.matching import checks_pass
+from .fusion.kernels import KernelCache
 from .fusion.planner import plan_window
 from .statistics import FUSION
 
@@ -88,10 +94,10 @@ class AdaptiveSink:
         if count >= policy.max_ops:
             self.flush(Flush.WINDOW_FULL)
             records = self.records
-        elif count >= policy.min_ops and QUEUE.device_free_us - QUEUE.host_us <= policy.shallow_us and not (
+        elif count >= policy.min_ops and QUEUE.backlog_us() <= policy.shallow_us and not (
             kind is FOREACH and self.kind_by_op.get(id(records[-1].op)) is FOREACH
         ):  # (a multi-tensor chain, an optimizer step, stays in one window: one kernel)
-            self.flush(Flush.QUEUE_SHALLOW)  # the device is starved (QUEUE.backlog_us(), inlined)
+            self.flush(Flush.QUEUE_SHALLOW)  # the device is starved
             records = self.records
         records.append(record)
         if CONFIG.launch_blocking:
@@ -105,10 +111,11 @@ class AdaptiveSink:
             return
         self.records = []
         FUSION.flushes[reason] += 1
-        if FAILED_SIGNATURES:
-            self._mark_failed_unfusable()
+        failed = QUEUE.take_failed_kernels()
+        if failed:
+            self._mark_unfusable(failed)
         key = self._structure(records)
-        injecting = QUEUE.faults is not None  # any op may fail: plan afresh, in program order
+        injecting = QUEUE.injecting_faults  # any op may fail: plan afresh, in program order
         plan = None if injecting else self.plan_cache.lookup(key)
         if plan is None:
             escaping, released = self._escape_bits(records, key)
@@ -196,7 +203,7 @@ class AdaptiveSink:
                 if not checks or checks_pass(checks, records):
                     FUSION.pattern(name, ops)
         command_list = WindowLaunches(plan.launches, records, stream)
-        if QUEUE.trace is None and not torch.autograd.profiler._is_profiler_enabled:
+        if not QUEUE.observing:
             QUEUE.launch_batch(command_list, plan.costs, stream)
         else:  # the trace and the profiler see every kernel on its own
             QUEUE.launch_batch(command_list.kernels(), plan.costs, stream)
@@ -206,9 +213,10 @@ class AdaptiveSink:
         cost = record.cost
         QUEUE.launch(record, record.op, cost.bytes, cost.time_us, record.stream)
 
-    def _mark_failed_unfusable(self) -> None:
-        while FAILED_SIGNATURES:
-            signature = FAILED_SIGNATURES.pop()
+    def _mark_unfusable(self, signatures) -> None:
+        """Fused kernels an op failed in (``QUEUE.take_failed_kernels``): their op chains
+        are not fused again; plans holding them are dropped."""
+        for signature in signatures:
             self.unfusable.add(signature[0])
             self.kernel_cache.invalidate(signature)
             FUSION.replays += 1

@@ -3,9 +3,10 @@
 Entry points: :data:`QUEUE` (the device's queue) and :class:`ExecutionQueue`.
 
 Every stream maps onto this one FIFO, as on TorchNeuron: order is always kept, and no
-stream gets an engine of its own. An item on the queue is anything with a
-``launch(queue)`` method: an ``OpRecord`` (one strict-eager kernel), a fused kernel, a
-fence (what ``synchronize`` waits on) or an event marker.
+stream gets an engine of its own. An item on the queue is anything with an
+``execute(queue)`` method: an ``OpRecord`` (one strict-eager kernel), a fused kernel or
+a window's command list (``device/fused_kernel.py``), a fence (what ``synchronize``
+waits on) or an event marker.
 
 The host accounts for a kernel when it launches it (``launch``: launches, bytes, the
 simulated clock). Items call back into the queue to report failures
@@ -14,7 +15,18 @@ simulated clock). Items call back into the queue to report failures
 - ``fail(failure, written)``: a kernel raised; keep the earliest failure (in issue order)
   for the next sync point and poison what the kernel left without valid data;
 - ``drop(results)``: a kernel issued after a pending failure does not run; its fresh
-  outputs are poisoned.
+  outputs are poisoned;
+- ``report_failed_kernel(signature)``: a fused kernel had an op fail; the runtime takes
+  the signatures at its next flush (``take_failed_kernels``) and stops fusing that chain.
+
+What the host side (the runtime, ``adaptive_eager``) asks of the queue is public API, not
+its fields: ``backlog_us()`` (the simulated device ahead of the host), ``trace_recorder``
+(the timeline while tracing, else None; set by ``set_trace_recorder``), ``observing``
+(tracing or profiling: each kernel its own queue item), ``injecting_faults``,
+``issue_ops`` (ops issued without the per-op path: a compiled graph's replay),
+``take_failed_kernels`` and ``reset_kernel_summary``. A fused kernel asks
+``must_run_op_by_op(records)`` before it runs, and ``op_record.run_record`` applies the
+failure rules to each op.
 
 The host waits with :meth:`ExecutionQueue.wait`, which rethrows the earliest failure as
 ``NeuronRuntimeError`` and clears it, so the device is usable again afterwards.
@@ -115,7 +127,9 @@ class ExecutionQueue:
         self.device_free_us = 0.0  # when the device finishes the last launched kernel
         self.host_us_per_op = CONFIG.host_us_per_op
         self.kernel_totals: dict = {}  # kernel name or op -> [launches, simulated us, bytes]
-        self.trace = None  # a device.trace.TraceRecorder while tracing
+        self.trace_recorder = None  # a device.trace.TraceRecorder while tracing (read-only: set_trace_recorder)
+        self._failed_kernels: list = []  # signatures of fused kernels an op failed in (worker -> host)
+        self._failed_lock = threading.Lock()
         self.last_on_stream: dict[int, int] = {}  # stream id -> sequence of its last item
         # Doorbell batching: submitted items wait in ``_batch`` until the host rings.
         self._batch: list = []
@@ -162,8 +176,8 @@ class ExecutionQueue:
         """Submit one kernel launch and account for it."""
         start = self.account(key, nbytes, time_us, stream)
         sequence = self.submit(kernel, stream, nbytes, ops)
-        if self.trace is not None:
-            self.trace.kernel(kernel, key, start, time_us, stream, sequence)
+        if self.trace_recorder is not None:
+            self.trace_recorder.kernel(kernel, key, start, time_us, stream, sequence)
         return sequence
 
     def launch_batch(self, kernels, costs: "BatchCost", stream: int) -> None:
@@ -174,7 +188,7 @@ class ExecutionQueue:
 
         ``kernels`` is a list of queue items, one per kernel, or one item (a command
         list) that runs them all; the trace needs the list, to give each its own slot."""
-        if self.trace is not None:
+        if self.trace_recorder is not None:
             for kernel, (key, nbytes, time_us, ops) in zip(kernels, costs.each):
                 self.launch(kernel, key, nbytes, time_us, stream, ops)
             return
@@ -250,6 +264,33 @@ class ExecutionQueue:
         """
         return self.device_free_us - self.host_us
 
+    def issue_ops(self, count: int) -> int:
+        """Issue ``count`` ops at once, as the host would one by one (a compiled graph's
+        replay): returns the issue number before the first, and advances the simulated
+        host clock by ``count`` ops."""
+        first = self.issued
+        self.issued = first + count
+        self.host_us += self.host_us_per_op * count
+        return first
+
+    # -- observing -------------------------------------------------------------------
+    def set_trace_recorder(self, recorder):
+        """Start (a ``TraceRecorder``) or stop (None) recording the timeline; returns the
+        recorder it replaces."""
+        previous, self.trace_recorder = self.trace_recorder, recorder
+        return previous
+
+    @property
+    def observing(self) -> bool:
+        """Tracing or profiling: each kernel goes on the queue as its own item, so the
+        timeline and the profiler give it a slot of its own."""
+        return self.trace_recorder is not None or torch.autograd.profiler._is_profiler_enabled
+
+    @property
+    def injecting_faults(self) -> bool:
+        """Is a fault injected (``NEURON_SIM_FAULT``, ``inject_fault``)? Any op may fail."""
+        return self.faults is not None
+
     def drain(self) -> None:
         """Wait until everything submitted so far has run. Raises nothing."""
         with HOST_LOCK:
@@ -289,7 +330,35 @@ class ExecutionQueue:
             entry[2] += nbytes
         return summary
 
+    def reset_kernel_summary(self) -> None:
+        self.kernel_totals.clear()
+
+    def take_failed_kernels(self) -> list:
+        """The signatures of the fused kernels an op failed in since the last call (host
+        side: the runtime stops fusing those chains)."""
+        if not self._failed_kernels:
+            return []
+        with self._failed_lock:
+            taken, self._failed_kernels = self._failed_kernels, []
+        return taken
+
     # -- device side -----------------------------------------------------------------
+    def must_run_op_by_op(self, records) -> bool:
+        """Must a fused kernel of ``records`` run each op by the failure rules (a fault
+        injected, a failure pending, or a poisoned input), with no built or library
+        kernel in between?"""
+        if self.faults is not None or self.failures.first is not None:
+            return True
+        return self.poison_seen and any(
+            storage.poison is not None for record in records for storage in record.reads
+        )
+
+    def report_failed_kernel(self, signature) -> None:
+        """An op failed inside the fused kernel of ``signature`` (its failure is recorded
+        by ``fail``); the runtime takes it at its next flush."""
+        with self._failed_lock:
+            self._failed_kernels.append(signature)
+
     def fail(self, failure: KernelFailure, written) -> None:
         self.poison_seen = True
         for storage in written:
@@ -325,7 +394,7 @@ class ExecutionQueue:
                 # aborts during interpreter finalization.
                 item = batch[index]
                 batch[index] = None
-                if self.trace is None and not profiling:
+                if self.trace_recorder is None and not profiling:
                     item.execute(self)
                 else:
                     self._launch_observed(item, profiling)
@@ -341,8 +410,8 @@ class ExecutionQueue:
                 item.execute(self)
         else:
             item.execute(self)
-        if self.trace is not None:
-            self.trace.executed(self.completed + 1, started, time.perf_counter())
+        if self.trace_recorder is not None:
+            self.trace_recorder.executed(self.completed + 1, started, time.perf_counter())
 
     def inject_fault(self, op_name: str, nth: int = 1) -> None:
         """Make the ``nth`` kernel running ``op_name`` fail (counted from now)."""

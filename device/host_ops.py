@@ -101,8 +101,9 @@ def run_on_host(entry, args, kwargs, reason):
         elements = max((t.numel() for t in read + written), default=0)
         dtype = written[0].dtype if written else torch.float32
         start = QUEUE.account(entry.op, nbytes, PROFILE.kernel_time_us(nbytes, elements, dtype), _STREAMS.current)
-        if QUEUE.trace is not None:
-            QUEUE.trace.kernel(entry.op, entry.op, start, PROFILE.kernel_time_us(nbytes, elements, dtype), _STREAMS.current, 0)
+        trace = QUEUE.trace_recorder
+        if trace is not None:
+            trace.kernel(entry.op, entry.op, start, PROFILE.kernel_time_us(nbytes, elements, dtype), _STREAMS.current, 0)
     if reason in (Flush.HOST_READ, Flush.COPY_TO_HOST):
         return result
     return upload_result(entry, result, args, kwargs)

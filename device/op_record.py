@@ -4,7 +4,7 @@ Entry points: :class:`OpRecord`, one aten op as the host recorded it, and
 :func:`run_record`, the one place where a recorded op runs on the device worker under the
 queue's failure rules. In strict eager a record is itself one launch
 (``OpRecord.execute``); the adaptive runtime groups records into fused kernels
-(``fusion.kernels``) that call ``run_record`` for each op in turn.
+(``device/fused_kernel.py``) that call ``run_record`` for each op in turn.
 
 The failure rules (docs/ARCHITECTURE.md, "Errors"): while a failure is pending (recorded,
 not yet raised at a sync point), every op issued after the failing op is *dropped*: it

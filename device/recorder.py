@@ -189,7 +189,7 @@ def _record_call(entry, args, kwargs):
 
 def record_kernel(entry, args, kwargs):
     """Record a kernel: outputs now, computation on the queue."""
-    trace = QUEUE.trace
+    trace = QUEUE.trace_recorder
     started = perf_counter() if trace is not None else 0.0
     if entry.rewrite is not None:
         entry = entry.rewrite

@@ -142,7 +142,7 @@ def start() -> TraceRecorder:
 
     QUEUE.drain()
     recorder = TraceRecorder(max(QUEUE.host_us, QUEUE.device_free_us))
-    QUEUE.trace = recorder
+    QUEUE.set_trace_recorder(recorder)
     return recorder
 
 
@@ -154,7 +154,7 @@ def stop(path: str | None = None) -> dict:
 
     flush(Flush.TRACE)
     QUEUE.drain()
-    recorder, QUEUE.trace = QUEUE.trace, None
+    recorder = QUEUE.set_trace_recorder(None)
     trace = recorder.to_dict() if recorder is not None else {"traceEvents": []}
     if path:
         with open(path, "w") as handle:
@@ -165,7 +165,7 @@ def stop(path: str | None = None) -> dict:
 def _write_at_exit() -> None:
     from .execution_queue import QUEUE
 
-    if QUEUE.trace is not None and CONFIG.trace_path:
+    if QUEUE.trace_recorder is not None and CONFIG.trace_path:
         stop(CONFIG.trace_path)
 
 

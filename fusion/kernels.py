@@ -1,41 +1,26 @@
-"""Fused kernels: what a group of ops costs, and how it runs as one launch.
+"""Fused kernels as the planner describes them: what a group of ops is, and what it costs.
 
 Entry points: :func:`group_spec` (a planned group, with its window's ``WindowGraph``,
 -> :class:`GroupSpec`), :class:`KernelSpec` (the cacheable, position-free description of
-a fused kernel), :class:`KernelCache` (an LRU of specs by signature),
-:class:`FusedKernel` (one launch on the execution queue) and :class:`WindowLaunches` (a
-flushed window's launches, handed to the queue as one command list).
+a fused kernel) and :class:`KernelCache` (an LRU of specs by signature).
 
-A fused kernel runs its ops back to back on the device worker, in program order, keeping
-its *dead intermediates* in an environment instead of device memory: an output produced
-and consumed inside the kernel, with no live Python reference and no view at flush, is
-never written back. Its cost counts only what crosses the kernel's boundary: each outside
-tensor read once, each surviving output written once.
+This is plan data, immutable once built: the device executes it
+(``adaptive_eager_device.fused_kernel``: ``WindowLaunches``, ``FusedKernel``) and keeps
+what its launches change (launch counts, built kernels) in a table of its own, never on
+the spec.
 
-When an op inside fails, the rest of the kernel is replayed op by op with strict eager's
-rules (ops reading a poisoned buffer are skipped), the deferred error names the exact op
-and the user's line, and the kernel's signature is reported to the runtime, which marks
-it unfusable.
+A fused kernel runs its ops back to back, in program order, keeping its *dead
+intermediates* in registers instead of device memory: an output produced and consumed
+inside the kernel, with no live Python reference and no view at flush, is never written
+back. Its cost counts only what crosses the kernel's boundary: each outside tensor read
+once, each surviving output written once.
 """
 from __future__ import annotations
 
-import logging
-import threading
-
-import torch
-
 from adaptive_eager_device.cost_model import PROFILE
-from adaptive_eager_device.op_record import in_layout, resolve, run_record
+from adaptive_eager_device.fused_kernel import built_counts
 
-from . import compiled as compiled_kernels
 from .caches import CountingLRU
-from .matching import checks_pass
-
-LOG = logging.getLogger("adaptive_eager.fusion")
-
-# signatures of fused kernels that failed; the runtime drains it (worker -> host)
-FAILED_SIGNATURES: list = []
-_failed_lock = threading.Lock()
 
 
 def short_name(record) -> str:
@@ -44,10 +29,11 @@ def short_name(record) -> str:
 
 
 class KernelSpec:
-    """A fused kernel, independent of where its ops sit in a window."""
+    """A fused kernel, independent of where its ops sit in a window. Plan data: nothing
+    changes it once built (the device's table of launch state holds it weakly)."""
 
     __slots__ = ("signature", "name", "dead", "dead_at", "last_uses", "bytes", "time_us", "bytes_saved", "ops",
-                 "patterns", "launches", "compiled")
+                 "patterns", "__weakref__")
 
     def __init__(self, signature, name, dead, nbytes, time_us, bytes_saved, ops, patterns=(), last_uses=()) -> None:
         self.signature = signature
@@ -58,10 +44,6 @@ class KernelSpec:
         # per member offset: the dead values (producer offset, result position) it reads
         # last, released from the kernel's registers once it has run
         self.last_uses = last_uses
-        # the built kernel (fusion.compiled), made on the worker once the kernel is hot:
-        # None until then, False when it cannot be built
-        self.launches = 0
-        self.compiled = None
         self.bytes = nbytes
         self.time_us = time_us
         self.bytes_saved = bytes_saved
@@ -81,7 +63,7 @@ class GroupSpec:
 
 
 class KernelCache(CountingLRU):
-    """Built kernels by signature (LRU), with hit/miss/eviction counters."""
+    """Kernel specs by signature (LRU), with hit/miss/eviction counters."""
 
     def __init__(self, maxsize: int = 4096) -> None:
         super().__init__(maxsize)
@@ -96,14 +78,10 @@ class KernelCache(CountingLRU):
         self.pop(signature, None)
 
     def stats(self) -> dict:
-        """The LRU's counters, plus how many cached kernels are built (``fusion.compiled``)
-        and how many stay op by op."""
-        specs = list(self._data.values())
-        return dict(
-            super().stats(),
-            built=sum(1 for spec in specs if spec.compiled),
-            op_by_op=sum(1 for spec in specs if spec.compiled is False),
-        )
+        """The LRU's counters, plus how many cached kernels the device built
+        (``adaptive_eager_device.built_kernel``) and how many stay op by op."""
+        built, op_by_op = built_counts(list(self._data.values()))
+        return dict(super().stats(), built=built, op_by_op=op_by_op)
 
 
 def _signature(members, graph, where, dead) -> tuple:
@@ -252,165 +230,3 @@ def group_spec(members, graph, kernel_cache=None, matches=(), repeats=1) -> Grou
 
     spec = kernel_cache.get_or_build(signature, build) if kernel_cache is not None else build()
     return GroupSpec(members, spec)
-
-
-class WindowLaunches:
-    """A flushed window's launches, in plan order, as one queue item: the host hands the
-    device a command list (accounted kernel by kernel, ``ExecutionQueue.launch_batch``),
-    and the device worker builds the fused kernels and runs them in order. ``launches`` is
-    ``Plan.launches``: ``(position, None)`` for an op alone, ``(positions, KernelSpec)``."""
-
-    __slots__ = ("launches", "records", "stream")
-
-    def __init__(self, launches, records, stream: int) -> None:
-        self.launches = launches
-        self.records = records
-        self.stream = stream
-
-    def kernels(self) -> list:
-        records = self.records
-        return [
-            records[members] if spec is None else FusedKernel([records[index] for index in members], spec, self.stream)
-            for members, spec in self.launches
-        ]
-
-    def execute(self, queue) -> None:
-        # Release each kernel's records once it has run, as strict eager drops each op:
-        # a buffer no later kernel reads is freed now, and its memory is reused by the
-        # next allocation instead of the window's footprint growing to its sum.
-        records = self.records
-        stream = self.stream
-        for members, spec in self.launches:
-            if spec is None:
-                kernel = records[members]
-                records[members] = None
-            else:
-                kernel = FusedKernel([records[index] for index in members], spec, stream)
-                for index in members:
-                    records[index] = None
-            kernel.execute(queue)
-            kernel = None
-
-
-class FusedKernel:
-    """One launch that runs several recorded ops (see module docstring)."""
-
-    __slots__ = ("records", "spec", "stream")
-
-    def __init__(self, records, spec: KernelSpec, stream: int) -> None:
-        self.records = records
-        self.spec = spec
-        self.stream = stream
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    def execute(self, queue) -> None:
-        spec = self.spec
-        if queue.faults is not None or queue.failures.first is not None or (queue.poison_seen and self._reads_poison()):
-            self._run_ops(queue, library=False)  # the per-op failure rules: faults, drops, poison
-            return
-        compiled = spec.compiled
-        if compiled is None and compiled_kernels.ENABLED:
-            spec.launches += 1
-            if spec.launches >= compiled_kernels.HOT_AFTER:
-                self._build_and_run(queue)
-                return
-        elif compiled and self._run_compiled(compiled):
-            return
-        self._run_ops(queue)
-
-    def _run_ops(self, queue, library: bool = True) -> bool:
-        """Run the ops in program order, dead intermediates in ``env``; each matched chain
-        as its library kernel at its last op (``library``), unless a constant it depends
-        on differs in this launch. True if an op failed."""
-        env: dict = {}
-        spec = self.spec
-        last_uses = spec.last_uses
-        dead_at = spec.dead_at
-        records = self.records
-        at_root: dict = {}
-        skipped: set = set()
-        if library:
-            for pattern in spec.patterns:
-                if not pattern.checks or checks_pass(pattern.checks, records):
-                    at_root[pattern.root] = pattern
-                    skipped.update(pattern.members[:-1])
-        failed = False
-        name = spec.name
-        for offset, record in enumerate(records):
-            if offset in skipped:
-                pass
-            elif offset in at_root:
-                pattern = at_root[offset]
-                if not self._run_library(pattern, env):
-                    # the library kernel raised: its ops, one by one, name the failing one
-                    for member in pattern.members:
-                        failed = run_record(records[member], queue, env, dead_at[member], name) or failed
-            else:
-                failed = run_record(record, queue, env, dead_at[offset], name) or failed
-            for producer, position in last_uses[offset]:  # free registers no later op reads
-                env.pop(records[producer].results[position], None)
-        if failed:
-            with _failed_lock:
-                FAILED_SIGNATURES.append(spec.signature)
-        return failed
-
-    def _run_library(self, pattern, env: dict) -> bool:
-        """A matched chain's library kernel; False (run its ops instead) if it raises."""
-        records = self.records
-        dead = self.spec.dead
-        try:
-            inputs = [resolve(records[offset].args[index], env) for offset, index in pattern.inputs]
-            result = pattern.impl(*inputs, **pattern.constants)
-            values = (result,) if isinstance(result, torch.Tensor) else tuple(result)
-            for (offset, position), value in zip(pattern.outputs, values):
-                storage = records[offset].results[position]
-                if (offset, position) in dead:
-                    env[storage] = in_layout(storage, value)
-                else:
-                    storage.adopt(value)
-        except Exception:  # noqa: BLE001
-            return False
-        return True
-
-    def _run_compiled(self, compiled) -> bool:
-        """The built kernel: one call. False (run op by op instead, which names the op
-        that fails) when it raises; it writes nothing in place, so replaying is safe."""
-        records = self.records
-        for pattern in self.spec.patterns:  # its library kernels' constants, as matched?
-            if pattern.checks and not checks_pass(pattern.checks, records):
-                return False
-        try:
-            values = compiled.run(records)
-            for (offset, position), value in zip(compiled.outputs, values):
-                records[offset].results[position].adopt(value)
-        except Exception:  # noqa: BLE001
-            return False
-        return True
-
-    def _build_and_run(self, queue) -> None:
-        """Build the hot kernel, run it beside the op-by-op run of this same launch, and
-        keep it only if its outputs are bit-identical (``fusion.compiled``)."""
-        spec = self.spec
-        if any(pattern.checks and not checks_pass(pattern.checks, self.records) for pattern in spec.patterns):
-            self._run_ops(queue)  # its library kernels' constants differ this time: build later
-            return
-        compiled = compiled_kernels.build(self.records, spec)
-        values = None
-        if compiled is not None:
-            try:
-                values = compiled.run(self.records)  # no side effects: nothing in place
-            except Exception as error:  # noqa: BLE001
-                LOG.debug("built kernel %s raised (%s): it stays op by op", spec.name, error)
-        failed = self._run_ops(queue)
-        if values is not None and not failed and compiled_kernels.same_outputs(values, self.records, compiled.outputs):
-            spec.compiled = compiled
-        else:
-            if values is not None and not failed:
-                LOG.debug("built kernel %s differs from its ops: it stays op by op", spec.name)
-            spec.compiled = False
-
-    def _reads_poison(self) -> bool:
-        return any(storage.poison is not None for record in self.records for storage in record.reads)

@@ -5,12 +5,12 @@ form that asks it is in ``fusion/pattern_form.py``.
 Entry points: :class:`Context` (a window's data flow for matchers, read from its
 ``WindowGraph``), :class:`Match` (a matched chain by window positions),
 :class:`PatternSpec` (the same chain by offsets inside its fused kernel) and
-:func:`checks_pass` (are a match's constants still there).
+:func:`checks_pass` (are a match's constants still there; the device's,
+``adaptive_eager_device.fused_kernel``, which checks them at every launch).
 """
 from __future__ import annotations
 
-import math
-
+from adaptive_eager_device.fused_kernel import checks_pass  # noqa: F401 - the device checks them at every launch
 from adaptive_eager_device.storage import DeviceStorage, ViewRef
 
 
@@ -22,7 +22,7 @@ class PatternSpec:
     def __init__(self, name, impl, members, inputs, outputs, checks, constants, charges=()) -> None:
         self.name = name
         # (*input tensors, **constants) -> [output tensors]; TorchScript-able, so that a
-        # built kernel (fusion/compiled.py) can call it
+        # built kernel (device/built_kernel.py) can call it
         self.impl = impl
         self.members = members  # offsets of the chain's ops, in program order
         self.root = members[-1]  # where the library kernel runs: the chain's last op
@@ -183,15 +183,3 @@ def dims_of(value):
     if isinstance(value, int):
         return (value,)
     return tuple(value) if value is not None else None
-
-
-def checks_pass(checks, records) -> bool:
-    """Do the records hold the constants a match depends on? ``checks`` are
-    ``(record index, arg index, value)``."""
-    for offset, index, value in checks:
-        args = records[offset].args
-        actual = args[index] if index < len(args) else None
-        if not isinstance(actual, (int, float)) or not math.isclose(actual, value, rel_tol=1e-12, abs_tol=0.0):
-            return False
-    return True
-

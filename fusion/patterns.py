@@ -25,7 +25,7 @@ A matched chain is one unit of its kernel: alone, or inside a larger kernel when
 on-chip rule merges it with its neighbours. Attention and cross-entropy
 (``fusion/flash.py``) are modelled as SBUF-tiled kernels: their traffic is their inputs
 and outputs, with a row log-sum-exp written in place of the scores autograd keeps. Implementations are TorchScript-able, so a
-hot kernel holding one is built (``fusion/compiled.py``) like any other.
+hot kernel holding one is built (``device/built_kernel.py``) like any other.
 
 Tolerances against the unfused ops, each checked by a test (``tests/test_patterns.py``):
 

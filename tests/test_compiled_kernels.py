@@ -1,4 +1,4 @@
-"""Built kernels (fusion/compiled.py): a fused kernel that launches again is compiled into
+"""Built kernels (device/built_kernel.py): a fused kernel that launches again is compiled into
 one function. Its numbers must stay the CPU's, launch after launch, with new float
 constants each time; kernels that update tensors in place stay op by op; a built kernel
 that fails still names the exact op and the user's line."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import adaptive_eager
-from adaptive_eager.fusion import compiled
+from adaptive_eager_device import built_kernel as compiled
 from conftest import windows_at_sync_points
 
 
@@ -123,3 +123,26 @@ def test_views_at_another_offset_in_each_launch_read_the_right_elements():
     for row in range(5):
         torch.testing.assert_close(((x.to("neuron") * 2)[row].exp() + 1).cpu(), (x * 2)[row].exp() + 1)
     assert adaptive_eager.stats()["kernel_cache"]["built"] == 1
+
+
+def test_launching_and_building_leave_the_plan_unchanged(compiled_runs):
+    """A cached KernelSpec is plan data: the device keeps a kernel's launch count and its
+    built function in a table of its own (``fused_kernel.STATE``), so launching, building
+    and running the built kernel change no field of the spec."""
+    from adaptive_eager.statistics import FUSION
+
+    def plan_fields():
+        return {
+            signature: [getattr(spec, name, None) for name in type(spec).__slots__ if name != "__weakref__"]
+            for signature, spec in FUSION.caches["kernel_cache"]._data.items()
+        }
+
+    generator = torch.Generator().manual_seed(2)
+    before = None
+    for step in range(4):
+        x, y = torch.randn(32, 16, generator=generator), torch.randn(32, 16, generator=generator)
+        torch.testing.assert_close(chain(x.to("neuron"), y.to("neuron"), 0.5).cpu(), chain(x, y, 0.5))
+        if before is None:
+            before = plan_fields()  # after the first launch, before the kernel is built
+    assert adaptive_eager.stats()["kernel_cache"]["built"] == 1 and len(compiled_runs) == 1 + 2
+    assert plan_fields() == before

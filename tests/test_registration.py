@@ -79,6 +79,17 @@ def test_no_import_changes_the_public_api():
     assert adaptive_eager.stats() == adaptive_eager.statistics.stats()
 
 
+def test_the_device_runs_fused_kernels_without_the_planner():
+    """The fused-kernel executor and the built kernels are device code: importing them
+    loads nothing of the runtime or the planner (imports flow adaptive_eager -> fusion ->
+    device), so adaptive_eager_device still imports alone."""
+    code = ("import sys, adaptive_eager_device.fused_kernel, adaptive_eager_device.built_kernel\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules if m.startswith('adaptive_eager')}),"
+            " 'networkx' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
+    assert out.stdout.split() == ["['adaptive_eager_device']", "False"]
+
+
 @pytest.mark.parametrize("first", ["import torch", "import adaptive_eager", "import adaptive_eager_device",
                                    "import adaptive_eager.fusion.planner"])
 def test_any_package_may_be_imported_first(first):

@@ -1,16 +1,18 @@
 """Built kernels: a hot fused kernel's ops compiled into one function that runs in C++.
 
 Entry points: :func:`build` (a fused kernel's records and spec -> :class:`CompiledKernel`,
-or None) and :func:`same_outputs` (the check every build passes before it is used).
+or None) and :func:`same_outputs` (the check every build passes before it is used). The
+fused kernel (``device/fused_kernel.py``) decides when to build, and keeps what it built.
 
 A fused kernel first runs op by op from Python on the device worker. Each ATen call
 releases the GIL and takes it back afterwards, and while the host thread is busy issuing
 the next ops, taking it back waits: on a training step that wait is as large as all of
 the worker's own Python work. When a kernel launches a second time (it is hot: the loop
 came round again), it is *built*: its ops are written out as one TorchScript function,
-compiled once, and kept on its ``KernelSpec`` in the kernel cache. One call then runs all
+compiled once, and kept in the fused kernels' state table (``fused_kernel.STATE``, by
+its ``KernelSpec``). One call then runs all
 its ops without coming back to Python; dead intermediates stay local to the function. A
-matched chain inside it (``fusion/patterns.py``) is one call of its library kernel,
+matched chain inside it (the planner's pattern library) is one call of its library kernel,
 whose implementation TorchScript compiles too.
 
 A build is trusted only after its first run gives bit-identical outputs to the op-by-op
@@ -37,9 +39,9 @@ import typing
 
 import torch
 
-from adaptive_eager_device.config import CONFIG
-from adaptive_eager_device.op_record import resolve
-from adaptive_eager_device.storage import DeviceStorage, ViewRef
+from .config import CONFIG
+from .op_record import resolve
+from .storage import DeviceStorage, ViewRef
 
 LOG = logging.getLogger("adaptive_eager.fusion")
 ENABLED = CONFIG.build_kernels
@@ -177,7 +179,7 @@ class _Writer:
                 for offset, index in pattern.inputs]
         for keyword, value in pattern.constants.items():
             if type(value) is float:
-                call.append(f"{keyword}={value!r}")  # checked at every launch (patterns.checks_pass)
+                call.append(f"{keyword}={value!r}")  # checked at every launch (fused_kernel.checks_pass)
             else:
                 call.append(f"{keyword}={self.expression(value, None)}")
         self.lines.append(f"l{pattern.root} = {name}({', '.join(call)})")
