@@ -186,8 +186,8 @@ NeuronHooks* hooks = nullptr;
 
 }  // namespace
 
-// init(default_twin, synchronize, resize, count, initial): register the allocators, hooks
-// and device guard (once), for `count` devices with `initial` current on every thread
+// init(default_twin, synchronize, resize, count, initial): register the allocators, hooks,
+// device guard and C++ view kernels (once), for `count` devices with `initial` current on every thread
 // that sets none.
 void init(py::object default_twin, py::object synchronize, py::object resize, int count, int initial) {
   if (hooks != nullptr) {
@@ -208,6 +208,7 @@ void init(py::object default_twin, py::object synchronize, py::object resize, in
   c10::impl::registerDeviceGuard(kDevice, &guard);
   hooks = new NeuronHooks();
   at::RegisterPrivateUse1HooksInterface(hooks);
+  register_views();
 }
 
 // twin(generator) -> the CPU generator a neuron generator draws through (the same object

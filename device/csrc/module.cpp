@@ -19,6 +19,8 @@
 //   fresh storage) and `describe` (what the dispatcher records of a tensor argument),
 //   one C call each; and `user_facing`, the kernel boundary the user's errors leave
 //   through without device frames.
+// - views.cpp: the view kernels that never enter Python (`view`, `as_strided`,
+//   `_reshape_alias`: metadata only, at::native's own functions, as the CPU runs them).
 // - module.cpp (this file): the Python module.
 
 #include "neuron.h"
@@ -49,5 +51,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("twin", &neuron::twin);
   m.def("current_device", &neuron::current_device);
   m.def("exchange_device", &neuron::exchange_device);
+  m.def("view_count", &neuron::view_count);
   PyModule_AddFunctions(m.ptr(), neuron::hot_methods);
 }

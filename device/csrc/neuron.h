@@ -5,6 +5,7 @@
 // - hooks.cpp:    generators, the PrivateUse1 hooks, the device guard, and init();
 // - hot_path.cpp: the calls on the per-op hot path (`describe`, `empty`) and the kernel
 //                 boundary (`user_facing`);
+// - views.cpp:    the view kernels run in C++ (`view`, `as_strided`, `_reshape_alias`);
 // - module.cpp:   the Python module adaptive_eager_device._C.
 //
 // The overview of what the extension is for is at the top of module.cpp.
@@ -87,5 +88,9 @@ py::object twin(py::object generator);
 
 // -- the hot path (hot_path.cpp) -------------------------------------------------------------
 extern PyMethodDef hot_methods[];
+
+// -- the view kernels (views.cpp) ------------------------------------------------------------
+void register_views();  // once, from init()
+int64_t view_count();   // views the C++ kernels made so far
 
 }  // namespace neuron
