@@ -18,8 +18,8 @@ eager through a thin pass-through ``__torch_dispatch__`` subclass, ``bench/wrapp
 interleaved with their own, and the summary gives wall ms per step and host us per op of
 each, and strict / wrapper and adaptive / wrapper. ``--runs N`` repeats every
 measurement N times (fresh processes, in turn) and reports each figure's median over
-the runs. Every mode runs with one intra-op thread (``bench/measure.py``), the decode
-loop included.
+the runs; results go to ``wrapper_<workload>.json``. Every mode runs with one intra-op
+thread (``bench/measure.py``), the decode loop included.
 """
 from __future__ import annotations
 
@@ -204,7 +204,8 @@ def main(argv=None) -> int:
                 timeout = 1800 if "compile" in mode else 600
                 runs[mode].append(run_one(workload, mode, steps, 2, timeout, vs_wrapper))
         results[workload] = {mode: median_result(runs[mode]) for mode in modes}
-        with open(results_path(f"{workload}.json", args.save), "w") as handle:
+        name = f"wrapper_{workload}.json" if vs_wrapper else f"{workload}.json"  # never over the main table's
+        with open(results_path(name, args.save), "w") as handle:
             json.dump({"workload": workload, "description": spec.description, "taken": provenance(),
                        "results": results[workload]}, handle, indent=2)
     if args.json:
