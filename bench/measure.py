@@ -63,12 +63,15 @@ from bench.wrapper import build_wrapped  # noqa: E402
 
 
 class _CountOps(TorchDispatchMode):
-    def __init__(self) -> None:
+    """Counts the aten ops run under it: views excluded, unless ``views``."""
+
+    def __init__(self, views: bool = False) -> None:
         super().__init__()
         self.ops = 0
+        self.views = views
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view:
+        if self.views or not func.is_view:
             self.ops += 1
         return func(*args, **(kwargs or {}))
 

@@ -7,21 +7,10 @@ import sys
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import measure, wrapper  # noqa: E402
 from bench.workloads import WORKLOADS  # noqa: E402
-
-
-class _AllOps(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _dispatched(step) -> int:
@@ -50,7 +39,7 @@ def test_the_wrapper_runs_every_op_and_computes_what_cpu_computes(name):
         expected, got = cpu_step(), wrapped_step()
         assert type(got) is wrapper.PassThrough
         torch.testing.assert_close(wrapper.unwrap(got), expected, rtol=0, atol=0)
-    counter = _AllOps()
+    counter = measure._CountOps(views=True)
     with counter:
         cpu_step()
     dispatched = _dispatched(wrapped_step)
