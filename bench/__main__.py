@@ -1,6 +1,7 @@
 """Adaptive eager against strict eager, compiled mode, CPU eager and Inductor, side by side.
 
     python -m bench [--quick] [--workloads gpt,decode] [--modes cpu,strict,adaptive,neuron-compiled,compile] [--json]
+    python -m bench --wrapper [--runs 3]
 
 Every (workload, mode) pair is measured in a fresh process by ``bench/measure.py`` (how
 each figure is taken is documented there). Ratios are taken within this one run. Results
@@ -9,12 +10,23 @@ go to ``bench/results/latest/<workload>.json`` (``bench/results/`` with ``--save
 time alone is minutes on two cores) to stay under three minutes. ``neuron-compiled`` is
 the anchor adaptive eager is judged against: the summary gives adaptive / compiled
 launches and device time per workload.
+
+``--wrapper`` reads the host cost against its floor: the gpt and llama training steps
+and the decode loop (unless ``--workloads`` says otherwise) in ``cpu``, ``wrapper`` (CPU
+eager through a thin pass-through ``__torch_dispatch__`` subclass, ``bench/wrapper.py``),
+``strict`` and ``adaptive``; the strict and adaptive processes run the wrapper's step
+interleaved with their own, and the summary gives wall ms per step and host us per op of
+each, and strict / wrapper and adaptive / wrapper. ``--runs N`` repeats every
+measurement N times (fresh processes, in turn) and reports each figure's median over
+the runs; results go to ``wrapper_<workload>.json``. Every mode runs with one intra-op
+thread (``bench/measure.py``), the decode loop included.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -26,11 +38,15 @@ from bench import SAVE_HELP, provenance, results_path  # noqa: E402
 from bench.workloads import WORKLOADS  # noqa: E402
 
 MODES = ["cpu", "strict", "adaptive", "neuron-compiled", "compile"]
+WRAPPER_MODES = ["cpu", "wrapper", "strict", "adaptive"]
+WRAPPER_WORKLOADS = ["gpt", "llama", "decode"]
 RESULTS = os.path.join(ROOT, "bench", "results")
 
 
-def run_one(workload: str, mode: str, steps: int, warmup: int, timeout: float) -> dict:
+def run_one(workload: str, mode: str, steps: int, warmup: int, timeout: float, vs_wrapper: bool = False) -> dict:
     command = [sys.executable, "-m", "bench.measure", workload, mode, "--steps", str(steps), "--warmup", str(warmup)]
+    if vs_wrapper and mode in ("strict", "adaptive"):
+        command.append("--vs-wrapper")
     env = dict(os.environ, NEURON_ADAPTIVE_EAGER="0")
     try:
         done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
@@ -113,6 +129,41 @@ def summarize(results: dict) -> list[str]:
     return lines
 
 
+def wrapper_summary(results: dict) -> list[str]:
+    """Strict and adaptive against the pass-through wrapper, from the interleaved steps."""
+    rows = [(w, mode, r) for w, by_mode in results.items() for mode, r in by_mode.items()
+            if mode in ("strict", "adaptive") and "wall_vs_wrapper" in r]
+    if not rows:
+        return []
+    header = (f"  {'workload':<10}{'mode':<10}{'wall ms':>9}{'wrapper ms':>12}{'x wrapper':>11}"
+              f"{'host us/op':>12}{'wrapper us/op':>15}{'x wrapper':>11}{'wrap-only us/op':>17}")
+    lines = ["", "against the pass-through wrapper (its step interleaved in the same process; medians):", header]
+    for workload, mode, r in rows:
+        lines.append(
+            f"  {workload:<10}{mode:<10}{r['wall_ms_per_step']:>9.2f}{r['wrapper_wall_ms_per_step']:>12.2f}"
+            f"{r['wall_vs_wrapper']:>11.2f}{r['host_us_per_op']:>12.2f}{r['wrapper_host_us_per_op']:>15.2f}"
+            f"{r['host_per_op_vs_wrapper']:>11.2f}{r['wrapper_overhead_us_per_op']:>17.2f}"
+        )
+    lines.append("  x wrapper: median of per-step ratios. The wrapper runs its CPU kernels on the host thread, so its "
+                 "host us/op holds their compute; wrap-only us/op is its host time less CPU eager's, per op")
+    return lines
+
+
+def median_result(runs: list[dict]) -> dict:
+    """One measurement from several runs of it: each number's median (the deterministic
+    figures are the same in every run), the rest from the first run; any error wins."""
+    failed = [r for r in runs if "error" in r]
+    if failed:
+        return failed[0]
+    merged = dict(runs[0])
+    for key, value in runs[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            merged[key] = statistics.median(r[key] for r in runs)
+    if len(runs) > 1:
+        merged["runs"] = len(runs)
+    return merged
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps, no torch.compile (< 3 minutes)")
@@ -121,32 +172,46 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--save", action="store_true", help=SAVE_HELP)
+    parser.add_argument("--wrapper", action="store_true",
+                        help="host cost against a pass-through __torch_dispatch__ wrapper: gpt, llama, decode in "
+                             "cpu, wrapper, strict, adaptive (strict/adaptive interleave the wrapper's step)")
+    parser.add_argument("--runs", type=int, default=1, help="measure each workload and mode N times; report medians")
     args = parser.parse_args(argv)
+    if args.wrapper:
+        args.workloads = args.workloads if args.workloads != ",".join(WORKLOADS) else ",".join(WRAPPER_WORKLOADS)
+        args.modes = args.modes or ",".join(WRAPPER_MODES)
     workloads = [w for w in args.workloads.split(",") if w]
     unknown = [w for w in workloads if w not in WORKLOADS]
     if unknown:
         parser.error(f"unknown workloads: {', '.join(unknown)} (known: {', '.join(WORKLOADS)})")
     modes = args.modes.split(",") if args.modes else (MODES[:3] if args.quick else MODES)
+    unknown = [m for m in modes if m not in MODES + WRAPPER_MODES]
+    if unknown:
+        parser.error(f"unknown modes: {', '.join(unknown)} (known: {', '.join(dict.fromkeys(MODES + WRAPPER_MODES))})")
+    vs_wrapper = "wrapper" in modes
     results: dict = {}
     started = time.perf_counter()
-    total = len(workloads) * len(modes)
+    total = len(workloads) * len(modes) * args.runs
     done = 0
     for workload in workloads:
         spec = WORKLOADS[workload]
         steps = args.steps or (spec.quick_steps if args.quick else spec.steps)
-        results[workload] = {}
-        for mode in modes:
-            done += 1
-            print(f"[{done}/{total}] {workload} / {mode} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
-            timeout = 1800 if "compile" in mode else 600
-            results[workload][mode] = run_one(workload, mode, steps, 2, timeout)
-        with open(results_path(f"{workload}.json", args.save), "w") as handle:
+        runs: dict = {mode: [] for mode in modes}
+        for _ in range(args.runs):  # the modes in turn, so a slow spell of the machine hits them alike
+            for mode in modes:
+                done += 1
+                print(f"[{done}/{total}] {workload} / {mode} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+                timeout = 1800 if "compile" in mode else 600
+                runs[mode].append(run_one(workload, mode, steps, 2, timeout, vs_wrapper))
+        results[workload] = {mode: median_result(runs[mode]) for mode in modes}
+        name = f"wrapper_{workload}.json" if vs_wrapper else f"{workload}.json"  # never over the main table's
+        with open(results_path(name, args.save), "w") as handle:
             json.dump({"workload": workload, "description": spec.description, "taken": provenance(),
                        "results": results[workload]}, handle, indent=2)
     if args.json:
         print(json.dumps(results, indent=2))
     else:
-        print("\n".join(summarize(results)))
+        print("\n".join(summarize(results) + wrapper_summary(results)))
         print(f"\n({time.perf_counter() - started:.0f} s; results in {os.path.dirname(results_path('x', args.save))}/)")
     return 0
 

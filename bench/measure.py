@@ -1,8 +1,10 @@
 """Measure one workload in one mode, in this process; print one JSON object.
 
-    python -m bench.measure <workload> <mode> [--steps N] [--warmup W]
+    python -m bench.measure <workload> <mode> [--steps N] [--warmup W] [--vs-wrapper]
 
-Modes: ``cpu`` (CPU eager, the reference), ``strict`` and ``adaptive`` (``neuron``),
+Modes: ``cpu`` (CPU eager, the reference), ``wrapper`` (CPU eager through a thin
+pass-through ``__torch_dispatch__`` wrapper subclass, ``bench/wrapper.py``: the floor of a
+Python-level device's host cost), ``strict`` and ``adaptive`` (``neuron``),
 ``neuron-compiled`` (``torch.compile`` of the step on ``neuron``: the ``neuron`` backend,
 whole graphs through the fusion engine), ``compile`` (``torch.compile``, Inductor on the
 CPU). ``python -m bench`` runs one of these
@@ -24,9 +26,16 @@ How each figure is taken:
 - wall vs CPU eager (neuron modes): the median, over the timed steps, of each step's wall
   time over the wall time of a CPU eager step run just before it in the same process
   (interleaved, so the ratio holds when the shared machine's speed drifts);
+- wall and host vs the wrapper (strict and adaptive with ``--vs-wrapper``): the wrapper's
+  step runs interleaved too (CPU eager, wrapper, neuron, in turn), and each ratio is the
+  median over the timed steps of that step's figure over the wrapper step's just before
+  it: wall time, and host CPU time per op (the wrapper's ops are CPU eager's). The
+  wrapper runs its CPU kernels on the host thread, so its host time per op holds their
+  compute too; its overhead per op is its host CPU time less the CPU eager step's just
+  before it, over its ops: what wrapping alone costs;
 - ops per step: aten ops reaching the device (neuron modes) or run by CPU eager (counted
   once by a dispatch mode, outside the timed steps; views excluded in both; for
-  ``compile``, the eager program's count);
+  ``compile``, the eager program's count; for ``wrapper``, CPU eager's);
 - kernel launches per step: neuron: launches on the execution queue; CPU eager: one per op;
   Inductor: the kernels it generated plus its calls to extern kernels (matmul, conv...),
   counted from one profiled step with ``cpp.enable_kernel_profile``;
@@ -50,15 +59,19 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.workloads import WORKLOADS  # noqa: E402
+from bench.wrapper import build_wrapped  # noqa: E402
 
 
 class _CountOps(TorchDispatchMode):
-    def __init__(self) -> None:
+    """Counts the aten ops run under it: views excluded, unless ``views``."""
+
+    def __init__(self, views: bool = False) -> None:
         super().__init__()
         self.ops = 0
+        self.views = views
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view:
+        if self.views or not func.is_view:
             self.ops += 1
         return func(*args, **(kwargs or {}))
 
@@ -94,14 +107,35 @@ def _worker_cpu_seconds() -> float:
     return time.clock_gettime(time.pthread_getcpuclockid(worker.ident))
 
 
-def measure(workload_name: str, mode: str, steps: int, warmup: int) -> dict:
+def _count_ops(eager_step) -> int:
+    """Ops one eager CPU step runs (views excluded), past the first step's one-off work."""
+    eager_step()  # optimizer state
+    counter = _CountOps()
+    with counter:  # on eager code only: a dispatch mode would make Dynamo recompile
+        eager_step()
+    return counter.ops
+
+
+def _timed(step):
+    """Run one step: (its result, wall seconds, host CPU seconds without the device worker's)."""
+    started, cpu_started, worker_started = time.perf_counter(), time.process_time(), _worker_cpu_seconds()
+    out = step()
+    cpu = (time.process_time() - cpu_started) - (_worker_cpu_seconds() - worker_started)
+    return out, time.perf_counter() - started, cpu
+
+
+def measure(workload_name: str, mode: str, steps: int, warmup: int, vs_wrapper: bool = False) -> dict:
     torch.set_num_threads(1)
     workload = WORKLOADS[workload_name]
-    reference = cpu_step = None
+    reference = cpu_step = wrapper_step = None
     if mode != "cpu":
         cpu_step = workload.build("cpu")
         for _ in range(warmup):
             reference = cpu_step()
+    if vs_wrapper and mode in ("strict", "adaptive"):
+        wrapper_step = build_wrapped(workload)
+        for _ in range(warmup):
+            wrapper_step()
     result: dict = {"workload": workload_name, "mode": mode}
     device = "neuron" if mode in ("strict", "adaptive", "neuron-compiled") else "cpu"
     if device == "neuron":
@@ -125,6 +159,8 @@ def measure(workload_name: str, mode: str, steps: int, warmup: int) -> dict:
         step()
         compile_seconds = time.perf_counter() - started
         warmup -= 1
+    elif mode == "wrapper":
+        step = build_wrapped(workload)
     else:
         step = workload.build(device)
     for _ in range(max(warmup, 0)):
@@ -134,16 +170,19 @@ def measure(workload_name: str, mode: str, steps: int, warmup: int) -> dict:
 
         adaptive_eager.reset_stats()
         torch.neuron.reset_peak_memory_stats()
-    walls, cpus, cpu_walls = [], [], []
+    walls, cpus, cpu_walls, cpu_cpus, wrapper_walls, wrapper_cpus = [], [], [], [], [], []
     for _ in range(steps):
         if cpu_step is not None:  # CPU eager interleaved: a ratio that holds when the machine's speed drifts
-            started = time.perf_counter()
-            reference = cpu_step()
-            cpu_walls.append(time.perf_counter() - started)
-        started, cpu_started, worker_started = time.perf_counter(), time.process_time(), _worker_cpu_seconds()
-        out = step()
-        cpus.append((time.process_time() - cpu_started) - (_worker_cpu_seconds() - worker_started))
-        walls.append(time.perf_counter() - started)
+            reference, wall, cpu = _timed(cpu_step)
+            cpu_walls.append(wall)
+            cpu_cpus.append(cpu)
+        if wrapper_step is not None:
+            _, wall, cpu = _timed(wrapper_step)
+            wrapper_walls.append(wall)
+            wrapper_cpus.append(cpu)
+        out, wall, cpu = _timed(step)
+        walls.append(wall)
+        cpus.append(cpu)
     result["wall_ms_per_step"] = statistics.median(walls) * 1000
     if device == "neuron":
         import adaptive_eager
@@ -165,21 +204,31 @@ def measure(workload_name: str, mode: str, steps: int, warmup: int) -> dict:
             peak_memory_kind="simulated device memory",
         )
     else:
-        counter = _CountOps()
-        eager_step = step if mode == "cpu" else workload.build("cpu")
-        if mode != "cpu":
-            eager_step()  # past the first step's one-off work (optimizer state)
-        with counter:  # on eager code only: a dispatch mode would make Dynamo recompile
-            eager_step()
-        ops = counter.ops
+        if mode == "cpu":  # the step itself, one step further on (it has its optimizer state)
+            counter = _CountOps()
+            with counter:
+                step()
+            ops = counter.ops
+        else:
+            ops = _count_ops(workload.build("cpu"))
         result["ops_per_step"] = ops
-        result["launches_per_step"] = ops if mode == "cpu" else _inductor_kernels_per_step(step)
+        result["launches_per_step"] = ops if mode in ("cpu", "wrapper") else _inductor_kernels_per_step(step)
         result["peak_memory_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         result["peak_memory_kind"] = "process peak RSS"
     result["host_us_per_op"] = statistics.median(cpus) / max(ops, 1) * 1e6
     if cpu_walls:
         result["cpu_eager_wall_ms_per_step"] = statistics.median(cpu_walls) * 1000
         result["wall_vs_cpu_eager"] = statistics.median(w / c for w, c in zip(walls, cpu_walls))
+    if wrapper_walls:
+        wrapper_ops = _count_ops(workload.build("cpu"))
+        result["wrapper_ops_per_step"] = wrapper_ops
+        result["wrapper_wall_ms_per_step"] = statistics.median(wrapper_walls) * 1000
+        result["wrapper_host_us_per_op"] = statistics.median(wrapper_cpus) / max(wrapper_ops, 1) * 1e6
+        result["wall_vs_wrapper"] = statistics.median(w / c for w, c in zip(walls, wrapper_walls))
+        result["host_per_op_vs_wrapper"] = statistics.median(
+            (c / max(ops, 1)) / (wc / max(wrapper_ops, 1)) for c, wc in zip(cpus, wrapper_cpus))
+        result["wrapper_overhead_us_per_op"] = statistics.median(
+            (wc - cc) / max(wrapper_ops, 1) for wc, cc in zip(wrapper_cpus, cpu_cpus)) * 1e6
     if compile_seconds is not None:
         result["compile_seconds"] = compile_seconds
     if reference is not None:
@@ -192,11 +241,13 @@ def measure(workload_name: str, mode: str, steps: int, warmup: int) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="measure one workload in one mode (see bench/measure.py)")
     parser.add_argument("workload", choices=sorted(WORKLOADS))
-    parser.add_argument("mode", choices=["cpu", "strict", "adaptive", "neuron-compiled", "compile"])
+    parser.add_argument("mode", choices=["cpu", "wrapper", "strict", "adaptive", "neuron-compiled", "compile"])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--vs-wrapper", action="store_true",
+                        help="strict/adaptive: also run the pass-through wrapper's step, interleaved")
     args = parser.parse_args(argv)
-    print(json.dumps(measure(args.workload, args.mode, args.steps, args.warmup)))
+    print(json.dumps(measure(args.workload, args.mode, args.steps, args.warmup, args.vs_wrapper)))
     return 0
 
 

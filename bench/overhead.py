@@ -5,10 +5,11 @@ pass-through ``__torch_dispatch__`` wrapper), and ``neuron`` in strict and adapt
 
 For each mode, the same chain of small elementwise ops (a 64-element tensor, so kernel
 time is negligible and the host's per-op cost dominates) is issued ``--ops`` times, then
-synchronized, like one training step. ``neuron`` reports two figures: host (time to issue
-the ops; the device worker runs concurrently when the host rings its doorbell) and
-host+device (until the synchronize returns). Each figure is the median of ``--repeats``
-steps; ratios are taken within this run, never across runs.
+synchronized, like one training step. The wrapper is ``bench/wrapper.py``'s, which
+``python -m bench --wrapper`` runs whole workloads through. ``neuron`` reports two
+figures: host (time to issue the ops; the device worker runs concurrently when the host
+rings its doorbell) and host+device (until the synchronize returns). Each figure is the
+median of ``--repeats`` steps; ratios are taken within this run, never across runs.
 Results go to ``bench/results/latest/overhead.json`` (``bench/results/overhead.json`` with ``--save``).
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import adaptive_eager  # noqa: E402
 from bench import SAVE_HELP, provenance, results_path  # noqa: E402
 from adaptive_eager_device.sink import synchronize  # noqa: E402
+from bench.wrapper import PassThrough  # noqa: E402
 
 OPS_PER_CHAIN = 5
 
@@ -37,33 +39,6 @@ def chain(x, scale):
     y = torch.relu(y)
     y = y - 0.5
     return y.neg()
-
-
-class PassThrough(torch.Tensor):
-    """The thinnest Python device: unwrap, run on the CPU, wrap. No tree_map."""
-
-    __slots__ = ("elem",)
-    __torch_function__ = torch._C._disabled_torch_function_impl
-
-    @staticmethod
-    def __new__(cls, elem):
-        r = torch.Tensor._make_wrapper_subclass(
-            cls, elem.shape, strides=elem.stride(), dtype=elem.dtype, device=elem.device
-        )
-        r.elem = elem
-        return r
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        args = [a.elem if type(a) is PassThrough else a for a in args]
-        if kwargs:
-            kwargs = {k: (v.elem if type(v) is PassThrough else v) for k, v in kwargs.items()}
-            out = func(*args, **kwargs)
-        else:
-            out = func(*args)
-        if isinstance(out, torch.Tensor):
-            return PassThrough(out)
-        return out
 
 
 def _time(run, ops: int, repeats: int, finish=lambda: None):

@@ -7,7 +7,7 @@ Entry point: :func:`register` (idempotent). It runs on ``import torch`` through 
 1. renames PrivateUse1 to ``neuron`` and installs ``torch.neuron`` (``device/api.py``),
    so ``torch.device('neuron')``, ``t.neuron()``,
    ``module.to('neuron')`` and ``torch.accelerator`` work;
-2. loads the C++ hooks (``device/csrc/neuron.cpp``): the device allocator, storage
+2. loads the C++ hooks (``device/csrc/``, built as ``_C``): the device allocator, storage
    resizing, pinned host memory, generators, and the device guard of the device indices
    (``device/indices.py``);
 3. sends every aten op on a neuron tensor, and every factory naming the device, to the

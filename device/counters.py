@@ -9,12 +9,19 @@ from __future__ import annotations
 
 from collections import Counter
 
+from . import _C as _native
+
+# views made by the C++ view kernels (device/csrc/views.cpp), which never enter Python;
+# a _C built before them has none
+_native_views = getattr(_native, "view_count", lambda: 0)
+
 
 class DeviceCounters:
     __slots__ = (
         # host side
         "ops_recorded",  # aten ops that reached the device, views excluded
-        "view_ops",  # metadata-only ops, run on the host, no launch
+        "_python_views",  # metadata-only ops run in Python (views.py); view_ops adds C++'s
+        "_native_views_at_reset",
         "kernels_launched",  # launches submitted to the execution queue
         "fallback_ops",  # Counter: aten::name -> runs on the CPU fallback
         "sync_points",  # Counter: reason -> host waits for the queue
@@ -34,7 +41,8 @@ class DeviceCounters:
 
     def reset(self) -> None:
         self.ops_recorded = 0
-        self.view_ops = 0
+        self._python_views = 0
+        self._native_views_at_reset = _native_views()
         self.kernels_launched = 0
         self.fallback_ops = Counter()
         self.sync_points = Counter()
@@ -46,6 +54,16 @@ class DeviceCounters:
         self.errors_deferred = 0
         self.errors_raised = 0
         self.kernels_skipped = 0
+
+    @property
+    def view_ops(self) -> int:
+        """Metadata-only ops (views, ``t_``, ``resize_``...): run on the host, no launch;
+        those of the C++ view kernels included."""
+        return self._python_views + _native_views() - self._native_views_at_reset
+
+    def count_view(self) -> None:
+        """One metadata-only op run in Python."""
+        self._python_views += 1
 
 
 COUNTERS = DeviceCounters()

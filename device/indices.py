@@ -8,8 +8,8 @@ The model, as on a Trainium host: every NeuronCore of the host is visible to eve
 process, and torchrun gives each process its local rank's core. So the count is
 ``NEURON_SIM_CORES``, else torchrun's ``LOCAL_WORLD_SIZE``, else 1 (``config.py``), and a
 thread's current device starts at ``LOCAL_RANK`` (0 outside torchrun). The current device
-is per thread, as CUDA's; it lives in the C++ hooks (``csrc/neuron.cpp``), which also
-register the device guard c10 and the autograd engine switch devices with.
+is per thread, as CUDA's; it lives in the C++ hooks (``csrc/memory.cpp``), and ``csrc/hooks.cpp``
+registers the device guard c10 and the autograd engine switch devices with.
 
 Every index of a process shares the process's one simulated execution queue, memory
 accounting and random stream: an index is where a tensor lives (its storage's DataPtr,

@@ -138,7 +138,7 @@ class DeviceStorage:
         self.poison = None  # KernelFailure that left this storage without valid data
         # Is its PrivateUse1 storage still referenced by anything (a tensor, a view, a
         # tensor autograd saved, an optimizer's state)? The C++ side clears it when the
-        # storage is freed (device/csrc/neuron.cpp): an adaptive window need not write back
+        # storage is freed (device/csrc/memory.cpp): an adaptive window need not write back
         # a value it made whose storage nothing references any more.
         self.alive = True
 

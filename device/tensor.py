@@ -8,7 +8,7 @@ host reads after a sync point).
 
 A neuron tensor's storage is an identity: a unique address that is never dereferenced
 (device memory is not host memory) and, in its context, the storage's Python side, a
-:class:`DeviceStorage` that keeps the bytes in a CPU tensor (``device/csrc/neuron.cpp``).
+:class:`DeviceStorage` that keeps the bytes in a CPU tensor (``device/csrc/memory.cpp``).
 So the tensor is what PyTorch expects of any device tensor (FakeTensor fakifies it,
 ``untyped_storage().data_ptr()`` is an address shared by its views, autograd, views,
 version counters and ``_base`` are PyTorch's own), while its bytes stay where the

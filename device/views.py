@@ -29,7 +29,7 @@ _set_storage = aten.set_.source_Storage_storage_offset
 def run_view(entry, args, kwargs):
     """A view: new metadata over the same storage, made by the op's CPU kernel. No data
     touched, no launch, no memory."""
-    COUNTERS.view_ops += 1
+    COUNTERS.count_view()
     try:
         return entry.op.redispatch(_CPU_KEYS, *args, **kwargs)
     except Exception as error:  # the CPU's own error for the user's arguments
@@ -64,7 +64,7 @@ def run_metadata(entry, args, kwargs):
     """
     tensor = args[0]
     op = entry.op
-    COUNTERS.view_ops += 1
+    COUNTERS.count_view()
     if op not in _METADATA_SYNC:
         try:
             op.redispatch(_CPU_KEYS, *args, **kwargs)

@@ -274,3 +274,41 @@ def test_import_torch_loads_the_device_package_alone():
     on = subprocess.run([sys.executable, "-c", code], env=dict(env, NEURON_ADAPTIVE_EAGER="1"), capture_output=True,
                         text=True, check=True).stdout.splitlines()
     assert on[0] == "['adaptive_eager', 'adaptive_eager_device']"
+
+
+def test_views_run_in_cpp_and_equal_the_cpu(monkeypatch):
+    """``view``, ``as_strided`` and ``_reshape_alias`` (which ``t``, ``transpose``,
+    ``split``, ``narrow`` and ``expand`` reach) are made by C++ kernels
+    (device/csrc/views.cpp) and never enter Python; each still counts in ``view_ops``;
+    their values and errors are the CPU's."""
+    import adaptive_eager
+    from adaptive_eager_device import dispatch
+
+    python_views = []
+    run_view = dispatch.run_view
+    monkeypatch.setattr(dispatch, "run_view", lambda entry, args, kwargs: python_views.append(entry.name)
+                        or run_view(entry, args, kwargs))
+    host = torch.randn(4, 6)
+    t = host.to("neuron")
+    adaptive_eager.reset_stats()
+    made = [t.view(6, 4), t.t(), t.transpose(0, 1), *t.split(2, dim=1), t.narrow(1, 1, 3), t[1:, ::2],
+            t[:, :1].expand(4, 5), t.as_strided((3, 2), (2, 1), 1), t.reshape(24)]
+    expected = [host.view(6, 4), host.t(), host.transpose(0, 1), *host.split(2, dim=1), host.narrow(1, 1, 3),
+                host[1:, ::2], host[:, :1].expand(4, 5), host.as_strided((3, 2), (2, 1), 1), host.reshape(24)]
+    assert python_views == []
+    assert adaptive_eager.stats()["view_ops"] >= len(made)
+    for got, want in zip(made, expected):
+        assert got._base is t and got.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+        assert got.shape == want.shape and got.stride() == want.stride()
+        assert got.storage_offset() == want.storage_offset()
+        assert torch.equal(got.cpu(), want)
+    with pytest.raises(RuntimeError) as on_cpu:
+        host.t().view(24)
+    with pytest.raises(RuntimeError) as on_neuron:
+        t.t().view(24)
+    assert str(on_neuron.value) == str(on_cpu.value)
+    with pytest.raises(RuntimeError) as on_cpu:
+        host.as_strided((5, 5), (5, 1))
+    with pytest.raises(RuntimeError) as on_neuron:
+        t.as_strided((5, 5), (5, 1))
+    assert str(on_neuron.value) == str(on_cpu.value)

@@ -1,0 +1,163 @@
+// The calls on the per-op hot path, one C call each (see module.cpp for the whole
+// extension): `empty` (a device tensor over a fresh storage) and `describe` (what the
+// dispatcher records of a tensor argument); and `user_facing`, the C function every
+// Python kernel of the device is called through, which gives the user's errors no
+// device frames.
+
+#include "neuron.h"
+
+#include <c10/core/StorageImpl.h>
+#include <c10/core/TensorImpl.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+namespace neuron {
+
+namespace {
+
+PyObject* int_tuple(c10::IntArrayRef values) {
+  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(values.size()));
+  for (size_t i = 0; i < values.size(); ++i) {
+    PyTuple_SET_ITEM(tuple, i, PyLong_FromLongLong(values[i]));
+  }
+  return tuple;
+}
+
+std::vector<int64_t> int_vector(PyObject* sequence) {
+  PyObject* fast = PySequence_Fast(sequence, "expected a sequence of ints");
+  if (fast == nullptr) {
+    throw py::error_already_set();
+  }
+  Py_ssize_t size = PySequence_Fast_GET_SIZE(fast);
+  std::vector<int64_t> values(static_cast<size_t>(size));
+  for (Py_ssize_t i = 0; i < size; ++i) {
+    values[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+  }
+  Py_DECREF(fast);
+  if (PyErr_Occurred()) {
+    throw py::error_already_set();
+  }
+  return values;
+}
+
+// empty(shape, stride, dtype, side, nbytes) -> a device tensor over a fresh storage of
+// `nbytes` bytes whose Python side is `side`.
+PyObject* empty(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK(nargs == 5, "empty(shape, stride, dtype, side, nbytes)");
+  TORCH_CHECK(THPDtype_Check(args[2]), "empty: dtype expected");
+  auto* owner = new Owner();
+  owner->sizes = int_vector(args[0]);
+  owner->strides = int_vector(args[1]);
+  owner->dtype = reinterpret_cast<THPDtype*>(args[2])->scalar_type;
+  owner->has_layout = true;
+  Py_INCREF(args[3]);
+  owner->side = args[3];
+  int64_t nbytes = PyLong_AsLongLong(args[4]);
+  auto storage = c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), nbytes, device_data_ptr(static_cast<size_t>(nbytes), owner),
+      device_allocator(), /*resizable=*/true);
+  auto tensor = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      c10::scalarTypeToTypeMeta(owner->dtype));
+  tensor.unsafeGetTensorImpl()->set_sizes_and_strides(owner->sizes, owner->strides);
+  return THPVariable_Wrap(std::move(tensor));
+  END_HANDLE_TH_ERRORS
+}
+
+// describe(value) -> None when `value` is not a neuron tensor, else
+// ((shape, stride, dtype), side, covers): `side` is the storage's DeviceStorage (None when
+// Python has not seen the storage yet), `covers` whether the tensor is exactly the
+// layout its storage was made for (offset 0, same sizes, strides and dtype, no
+// conjugate or negative bit): then the storage alone stands for it.
+PyObject* signature_of(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype) {
+  PyObject* dtype_object = reinterpret_cast<PyObject*>(torch::getTHPDtype(dtype));
+  PyObject* shape = int_tuple(sizes);
+  PyObject* stride = int_tuple(strides);
+  PyObject* signature = PyTuple_Pack(3, shape, stride, dtype_object);
+  Py_DECREF(shape);
+  Py_DECREF(stride);
+  return signature;
+}
+
+PyObject* describe(PyObject* /*module*/, PyObject* value) {
+  PyTypeObject* type = Py_TYPE(value);
+  if (!THPVariable_CheckTypeExact(type)) {
+    // the common arguments that are not tensors, answered without an isinstance walk
+    if (type == &PyFloat_Type || type == &PyLong_Type || type == &PyBool_Type || value == Py_None ||
+        type == &PyList_Type || type == &PyTuple_Type || !THPVariable_Check(value)) {
+      Py_RETURN_NONE;
+    }
+  }
+  const at::Tensor& tensor = THPVariable_Unpack(value);
+  if (!tensor.defined() || tensor.device().type() != kDevice || !tensor.has_storage()) {
+    Py_RETURN_NONE;
+  }
+  const c10::Storage& storage = tensor.storage();
+  Owner* owner = owner_of(storage);
+  auto sizes = tensor.sizes();
+  auto strides = tensor.strides();
+  c10::ScalarType dtype = tensor.scalar_type();
+  bool covers = owner != nullptr && owner->has_layout && tensor.storage_offset() == 0 && dtype == owner->dtype &&
+                sizes.equals(owner->sizes) && strides.equals(owner->strides) && !tensor.is_conj() &&
+                !tensor.is_neg();
+  PyObject* signature;
+  if (covers) {  // the storage's own layout: its signature is made once
+    if (owner->signature == nullptr) {
+      owner->signature = signature_of(sizes, strides, dtype);
+    }
+    signature = owner->signature;
+    Py_INCREF(signature);
+  } else {
+    signature = signature_of(sizes, strides, dtype);
+  }
+  PyObject* side = owner != nullptr && owner->side != nullptr ? owner->side : Py_None;
+  PyObject* result = PyTuple_Pack(3, signature, side, covers ? Py_True : Py_False);
+  Py_DECREF(signature);
+  return result;
+}
+
+// user_facing(kernel): the kernel as PyTorch calls it, a C function bound to the Python
+// kernel. An error the device marked as the user's (``__neuron_user_error__``, set by
+// errors.users_error: the CPU's own error for the user's arguments) leaves it without a
+// traceback, so Python shows it raised from the user's line with no device frame, as on
+// the CPU. Every other error (a bug of the device) keeps its whole traceback.
+PyObject* call_user_facing(PyObject* kernel, PyObject* args, PyObject* kwargs) {
+  PyObject* result = PyObject_Call(kernel, args, kwargs);
+  if (result != nullptr) {
+    return result;
+  }
+  PyObject* type = nullptr;
+  PyObject* value = nullptr;
+  PyObject* traceback = nullptr;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_NormalizeException(&type, &value, &traceback);
+  if (value != nullptr && PyObject_HasAttrString(value, "__neuron_user_error__")) {
+    Py_CLEAR(traceback);
+    PyException_SetTraceback(value, Py_None);
+  }
+  PyErr_Restore(type, value, traceback);
+  return nullptr;
+}
+
+PyMethodDef user_facing_def = {
+    "neuron_kernel", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call_user_facing)),
+    METH_VARARGS | METH_KEYWORDS, "A neuron kernel (device/backend.py): the user's errors leave it without device frames."};
+
+PyObject* user_facing(PyObject* /*module*/, PyObject* kernel) {
+  return PyCFunction_NewEx(&user_facing_def, kernel, nullptr);
+}
+
+}  // namespace
+
+PyMethodDef hot_methods[] = {
+    {"user_facing", user_facing, METH_O, "Wrap a Python kernel so the user's errors leave it without device frames."},
+    {"describe", describe, METH_O, "What the dispatcher records of a tensor argument (see hot_path.cpp)."},
+    {"empty", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(empty)), METH_FASTCALL,
+     "A device tensor over a fresh storage (see hot_path.cpp)."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+}  // namespace neuron

@@ -1,0 +1,56 @@
+// The PrivateUse1 hooks Python cannot reach, for the simulated `neuron` device.
+//
+// Built by the README's install command (setup.py, torch.utils.cpp_extension) as
+// adaptive_eager_device._C; device/backend.py calls init() when it registers the
+// device. What is here, and only this, by translation unit (neuron.h declares what they
+// share):
+//
+// - memory.cpp: device memory, an allocator of PrivateUse1 storages (a storage is an
+//   identity: a unique, aligned address, never dereferenced, and in its DataPtr's context
+//   the Python DeviceStorage, device/storage.py, that holds the bytes in a CPU tensor);
+//   storage resizing (`storage.resize_`); pinned host memory (`pin_memory()`,
+//   `is_pinned()`); the device indices and the current device per thread; the
+//   callbacks into the Python device.
+// - hooks.cpp: generators (`torch.Generator(device="neuron")` draws through a CPU twin,
+//   whose state waits for the queue), the PrivateUse1 hooks and the device guard
+//   (`neuron:0` .. `neuron:<count-1>`, one shared queue, so default streams and no-op
+//   events), and init().
+// - hot_path.cpp: two calls on the per-op hot path, `empty` (a device tensor over a
+//   fresh storage) and `describe` (what the dispatcher records of a tensor argument),
+//   one C call each; and `user_facing`, the kernel boundary the user's errors leave
+//   through without device frames.
+// - views.cpp: the view kernels that never enter Python (`view`, `as_strided`,
+//   `_reshape_alias`: metadata only, at::native's own functions, as the CPU runs them).
+// - module.cpp (this file): the Python module.
+
+#include "neuron.h"
+
+#include <torch/csrc/utils/pybind.h>
+
+namespace neuron {
+namespace {
+
+// current_device() / exchange_device(index) -> previous: the calling thread's device.
+int current_device() {
+  return current_index();
+}
+
+int exchange_device(int index) {
+  return exchange_index(static_cast<c10::DeviceIndex>(index));
+}
+
+}  // namespace
+}  // namespace neuron
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "The PrivateUse1 hooks of the simulated neuron device that Python cannot reach (see device/csrc/module.cpp)";
+  m.def("init", &neuron::init);
+  m.def("attach", &neuron::attach);
+  m.def("side_of", &neuron::side_of);
+  m.def("regrow", &neuron::regrow);
+  m.def("twin", &neuron::twin);
+  m.def("current_device", &neuron::current_device);
+  m.def("exchange_device", &neuron::exchange_device);
+  m.def("view_count", &neuron::view_count);
+  PyModule_AddFunctions(m.ptr(), neuron::hot_methods);
+}

@@ -1,0 +1,96 @@
+// What the translation units of the neuron extension share (device/csrc):
+//
+// - memory.cpp:   device indices, the callbacks into the Python device, device memory (the
+//                 allocator, the address map, storage resizing) and pinned host memory;
+// - hooks.cpp:    generators, the PrivateUse1 hooks, the device guard, and init();
+// - hot_path.cpp: the calls on the per-op hot path (`describe`, `empty`) and the kernel
+//                 boundary (`user_facing`);
+// - views.cpp:    the view kernels run in C++ (`view`, `as_strided`, `_reshape_alias`);
+// - module.cpp:   the Python module adaptive_eager_device._C.
+//
+// The overview of what the extension is for is at the top of module.cpp.
+
+#pragma once
+
+#include <Python.h>
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/Storage.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace neuron {
+
+namespace py = pybind11;
+
+constexpr c10::DeviceType kDevice = c10::DeviceType::PrivateUse1;
+
+// -- device indices (memory.cpp) ------------------------------------------------------------
+extern c10::DeviceIndex device_count;   // set once by init()
+extern c10::DeviceIndex initial_index;  // a thread's current device until it sets one
+extern thread_local c10::DeviceIndex thread_index;  // -1: not set on this thread
+
+c10::DeviceIndex current_index();
+void check_index(c10::DeviceIndex index);
+c10::DeviceIndex exchange_index(c10::DeviceIndex index);
+
+// -- callbacks into the Python device (memory.cpp) ------------------------------------------
+struct Callbacks {
+  PyObject* synchronize = nullptr;  // () -> None: wait for every queued kernel
+  PyObject* resize = nullptr;       // (side or None, nbytes) -> side: resize a storage's bytes
+};
+extern Callbacks callbacks;
+
+bool python_alive();
+void call_synchronize();
+
+// -- device memory (memory.cpp) -------------------------------------------------------------
+// The context of every device DataPtr: the storage's Python side (a DeviceStorage, or
+// nullptr until Python first sees the storage), and the layout it was made for, so that
+// `describe` can tell a tensor covering its storage exactly from a view of it.
+struct Owner {
+  PyObject* side = nullptr;
+  PyObject* signature = nullptr;  // (shape, stride, dtype) of its layout, made on first use
+  uintptr_t address = 0;  // its key in the address map (0: none, an empty allocation)
+  c10::DeviceIndex index = current_index();  // the device it lives on (the current one)
+  bool has_layout = false;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+};
+
+// A DataPtr of `nbytes` at a fresh device address, whose context `owner` it takes.
+c10::DataPtr device_data_ptr(size_t nbytes, Owner* owner);
+// The Owner of a device storage (also of one ATen made over another storage's address),
+// or nullptr for a storage the device did not allocate.
+Owner* owner_of(const c10::Storage& storage);
+// The device index of the allocation at `address`, or the current one for an unknown address.
+c10::DeviceIndex index_of_address(void* address);
+// storage.resize_(newsize): a new address of the new size; the Python side resizes the bytes.
+void resize_storage_bytes(const c10::Storage& storage, size_t newsize);
+
+c10::Allocator* device_allocator();
+c10::Allocator* pinned_allocator();
+bool is_pinned(const void* data);
+
+// attach / side_of / regrow: the Python side of a storage (see memory.cpp).
+py::object attach(const at::Tensor& tensor, py::object side);
+py::object side_of(const at::Tensor& tensor);
+void regrow(const at::Tensor& tensor, int64_t nbytes);
+
+// -- generators, hooks, the device guard (hooks.cpp) ----------------------------------------
+void init(py::object default_twin, py::object synchronize, py::object resize, int count, int initial);
+py::object twin(py::object generator);
+
+// -- the hot path (hot_path.cpp) -------------------------------------------------------------
+extern PyMethodDef hot_methods[];
+
+// -- the view kernels (views.cpp) ------------------------------------------------------------
+void register_views();  // once, from init()
+int64_t view_count();   // views the C++ kernels made so far
+
+}  // namespace neuron
