@@ -298,8 +298,8 @@ def _output_specs(outputs, storages, args, slot):
 class _RecordTemplate:
     """One record of a template, its storages as slots."""
 
-    __slots__ = ("op", "args", "kwargs", "nested", "reads", "writes", "results", "location", "cost", "key",
-                 "key_id")
+    __slots__ = ("op", "args", "kwargs", "nested", "reads", "writes", "results", "location", "cost", "signature",
+                 "signature_id")
 
     def __init__(self, record, slot, host) -> None:
         for value in record.kwargs.values():
@@ -314,8 +314,8 @@ class _RecordTemplate:
         self.results = tuple(None if s is None else slot(s).n for s in record.results)
         self.location = record.location
         self.cost = record.cost
-        self.key = record.key
-        self.key_id = record.key_id
+        self.signature = record.signature
+        self.signature_id = record.signature_id
 
     def bind(self, table, stream, issue) -> OpRecord:
         args = [table[a.n] if type(a) is _Slot else (_bound(a, table) if type(a) in _COMPOUND else a)
@@ -325,8 +325,8 @@ class _RecordTemplate:
             kwargs = {name: _bound(value, table) for name, value in kwargs.items()}
         return OpRecord(
             self.op, args, kwargs, self.nested, [table[n] for n in self.reads], tuple(table[n] for n in self.writes),
-            [None if n is None else table[n] for n in self.results], self.location, self.cost, self.key,
-            self.key_id, stream, issue,
+            [None if n is None else table[n] for n in self.results], self.location, self.cost, self.signature,
+            self.signature_id, stream, issue,
         )
 
 

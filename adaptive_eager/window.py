@@ -148,7 +148,7 @@ class AdaptiveSink:
         append = parts.append
         get = local.get
         for record in records:
-            append(-record.key_id)
+            append(-record.signature_id)
             for storage in record.reads:
                 number = get(storage)
                 if number is None:

@@ -32,9 +32,9 @@ from .views import run_metadata, run_view
 aten = torch.ops.aten
 
 
-def dispatch(func, args, kwargs):
-    """``func`` (an OpOverload) on the device."""
-    return run(op_entry(func), args, kwargs)
+def dispatch(op, args, kwargs):
+    """``op`` (an OpOverload) on the device."""
+    return run(op_entry(op), args, kwargs)
 
 
 def run(entry, args, kwargs):

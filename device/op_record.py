@@ -70,7 +70,7 @@ class OpRecord:
     - ``results``: fresh storages for its outputs, in return order (None where the op
       returns no tensor);
     - ``cost``: an ``OpCost`` from the cost model;
-    - ``key``: the op and its argument metadata; ``key_id``: a small number standing for
+    - ``signature``: the op and its argument metadata; ``signature_id``: a small number standing for
       it (never reused), the unit of the plan cache's keys;
     - ``location``: the user's line that issued it (raw; ``location.describe`` formats);
     - ``issue``: its place in issue order (``ExecutionQueue.issued``), which decides which
@@ -78,11 +78,11 @@ class OpRecord:
     """
 
     __slots__ = (
-        "op", "args", "kwargs", "nested", "reads", "writes", "results", "location", "cost", "key",
-        "key_id", "stream", "trace_id", "issue",
+        "op", "args", "kwargs", "nested", "reads", "writes", "results", "location", "cost", "signature",
+        "signature_id", "stream", "trace_id", "issue",
     )
 
-    def __init__(self, op, args, kwargs, nested, reads, writes, results, location, cost, key, key_id, stream, issue):
+    def __init__(self, op, args, kwargs, nested, reads, writes, results, location, cost, signature, signature_id, stream, issue):
         self.op = op
         self.args = args
         self.kwargs = kwargs
@@ -92,8 +92,8 @@ class OpRecord:
         self.results = results
         self.location = location
         self.cost = cost
-        self.key = key
-        self.key_id = key_id
+        self.signature = signature
+        self.signature_id = signature_id
         self.stream = stream
         self.trace_id = 0  # set by the timeline (device/trace.py) while tracing
         self.issue = issue

@@ -2,6 +2,19 @@
 
 Entry point: :func:`op_entry` returns the cached :class:`OpEntry` of an ``OpOverload``.
 
+An op is named the same way everywhere in the device, the planner and the runtime:
+
+- ``op``: the ``OpOverload`` itself (``torch.ops.aten.add.Tensor``). PyTorch's own
+  hooks call it ``func`` (``__torch_dispatch__``); the device's functions do not;
+- ``entry``: its :class:`OpEntry` here, classified once (``entry.op`` is the op);
+- ``name`` (``op_name`` as a parameter): its qualified name, ``"aten::add"``
+  (``entry.name``, ``OpRecord.name``); a kernel's display name drops the ``aten::``;
+- ``entry.serial``: a small int standing for the op inside signatures;
+- ``signature``: one *call* of it, the op with its arguments' metadata (the shape
+  cache's key, ``OpRecord.signature``), and ``signature_id``, the small int standing for
+  that signature in plan-cache keys. A fused kernel's ``KernelSpec.signature`` is the
+  same idea one level up: its ops' signatures and their data flow.
+
 Kinds (plain strings, compared by identity on the hot path):
 
 - ``VIEW``: returns an alias of an input; metadata only, runs on the host, no launch.

@@ -65,20 +65,20 @@ def _mismatch(entry, tensor) -> DeviceMismatchError:
 HOST_SNAPSHOTS = None
 
 
-def _host_tensor(entry, tensor, key):
+def _host_tensor(entry, tensor, parts):
     """A CPU tensor argument of a device op: CUDA's rule, 0-dim ones mix freely."""
     if tensor.dim() != 0 and entry.op not in _HOST_TENSORS_OK:
         raise _mismatch(entry, tensor)
-    key.append(("host", tuple(tensor.shape), tensor.stride(), tensor.dtype))
+    parts.append(("host", tuple(tensor.shape), tensor.stride(), tensor.dtype))
     snapshot = tensor.clone()  # the host may change it before the kernel runs
     if HOST_SNAPSHOTS is not None:
         HOST_SNAPSHOTS[id(snapshot)] = tensor
     return snapshot
 
 
-def _convert(entry, value, key, reads):
+def _convert(entry, value, parts, reads):
     """Record one argument that is not a neuron tensor: returns its reference, extends the
-    key."""
+    parts."""
     kind = type(value)
     if kind is list or kind is tuple:
         sub = []
@@ -94,29 +94,29 @@ def _convert(entry, value, key, reads):
                 refs.append(storage if covers else reference(item, signature, storage, covers))
             else:
                 refs.append(_convert(entry, item, sub, reads))
-        key.append(tuple(sub))
+        parts.append(tuple(sub))
         return refs if kind is list else tuple(refs)
     if kind in _SCALARS:
-        key.append(kind)
+        parts.append(kind)
         if kind is not float or entry.scalar_values_matter:
-            key.append(value)
+            parts.append(value)
         else:
-            key.append(float_class(value))
+            parts.append(float_class(value))
         return value
     if isinstance(value, _Tensor):
         if value.device.type == "neuron":  # a neuron tensor of no storage (FakeTensor's own)
             raise _mismatch(entry, value)
-        return _host_tensor(entry, value, key)
+        return _host_tensor(entry, value, parts)
     if kind is torch.device:
         if value.type == "neuron":
             check_ordinal(value)
-            key.append("neuron")
+            parts.append("neuron")
             return CPU
         raise _mismatch(entry, torch.empty(1, device=value) if value.type == "meta" else torch.empty(1))
     if kind is torch.Generator:
-        key.append("generator")
+        parts.append("generator")
         return value
-    key.append(value)
+    parts.append(value)
     return value
 
 
@@ -133,49 +133,49 @@ def _is_device(value) -> bool:
 
 
 def _record_call(entry, args, kwargs):
-    """Convert the call: (key parts, reference args, reference kwargs, storages read,
+    """Convert the call: (signature parts, reference args, reference kwargs, storages read,
     whether an argument needs more than a storage lookup to resolve)."""
-    key = [entry.serial, _default_dtype()]  # int division, factories: the default dtype decides
+    parts = [entry.serial, _default_dtype()]  # int division, factories: the default dtype decides
     reads = []
     refs = []
     nested = False
     for value in args:
         described = describe(value)
         if described is not None:
-            signature, storage, covers = described
+            tensor_signature, storage, covers = described
             if storage is None:
                 storage = storage_of(value)
-            key.append(signature)
+            parts.append(tensor_signature)
             reads.append(storage)
             if covers:
                 refs.append(storage)
             else:
                 nested = True
-                refs.append(reference(value, signature, storage, covers))
+                refs.append(reference(value, tensor_signature, storage, covers))
         else:
             if type(value) is list or type(value) is tuple:
                 nested = True
-            refs.append(_convert(entry, value, key, reads))
+            refs.append(_convert(entry, value, parts, reads))
     kwrefs = {}
     if kwargs:
         for name, value in kwargs.items():
-            key.append(name)
+            parts.append(name)
             described = describe(value)
             if described is not None:
-                signature, storage, covers = described
+                tensor_signature, storage, covers = described
                 if storage is None:
                     storage = storage_of(value)
-                key.append(signature)
+                parts.append(tensor_signature)
                 reads.append(storage)
                 if covers:
                     kwrefs[name] = storage
                 else:
                     nested = True
-                    kwrefs[name] = reference(value, signature, storage, covers)
+                    kwrefs[name] = reference(value, tensor_signature, storage, covers)
             else:
                 if type(value) is list or type(value) is tuple:
                     nested = True
-                kwrefs[name] = _convert(entry, value, key, reads)
+                kwrefs[name] = _convert(entry, value, parts, reads)
     if entry.generator_arg is not None:
         generator = kwrefs.get("generator")
         if generator is None:
@@ -184,7 +184,7 @@ def _record_call(entry, args, kwargs):
             twin = generator_twin(generator)
             if twin is not None:  # a neuron generator: draws through its CPU twin, in queue order
                 kwrefs["generator"] = twin
-    return key, refs, kwrefs, reads, nested
+    return parts, refs, kwrefs, reads, nested
 
 
 def record_kernel(entry, args, kwargs):
@@ -196,7 +196,7 @@ def record_kernel(entry, args, kwargs):
     if entry.random and (entry.host_random or _explicit_generator(kwargs)):
         return run_on_host(entry, args, kwargs or {}, Flush.RANDOM_ON_HOST)
     try:
-        key, refs, kwrefs, reads, nested = _record_call(entry, args, kwargs)
+        signature, refs, kwrefs, reads, nested = _record_call(entry, args, kwargs)
     except DeviceMismatchError:
         if entry.random and _neuron_generator(kwargs):
             # Host tensors drawing from a neuron generator (Diffusers' randn_tensor):
@@ -207,28 +207,28 @@ def record_kernel(entry, args, kwargs):
         # A composite written for every device, taking host tensors where it means to
         # (``pack_padded_sequence``'s CPU lengths): run it, its ops come back here.
         return entry.op._op_dk(_COMPOSITE, *args, **(kwargs or {}))
-    key = tuple(key)
-    if entry.mutated and overlap.aliased(reads) and overlap.refused(entry, key, args, kwargs):
+    signature = tuple(signature)
+    if entry.mutated and overlap.aliased(reads) and overlap.refused(entry, signature, args, kwargs):
         return run_on_host(entry, args, kwargs or {}, Flush.MEMORY_OVERLAP)  # raises the CPU's error
-    inference = SHAPE_CACHE.get(key)
+    inference = SHAPE_CACHE.get(signature)
     if inference is None:
         try:
             inference = infer(entry, args, kwargs or {}, _is_device)
         except MetaRejected:
             return run_on_host(entry, args, kwargs or {}, Flush.META_REJECTED)
         if inference is not NO_META:
-            inference.key = key
-        SHAPE_CACHE[key] = inference
+            inference.signature = signature
+        SHAPE_CACHE[signature] = inference
         if len(SHAPE_CACHE) > SHAPE_CACHE_SIZE:
             SHAPE_CACHE.popitem(last=False)  # the least recently used signature
     else:
-        SHAPE_CACHE.move_to_end(key)
+        SHAPE_CACHE.move_to_end(signature)
     if inference is NO_META:
         return run_on_host(entry, args, kwargs or {}, Flush.FALLBACK)
     if inference.resized:
         _resize_outputs(inference.resized, args, kwargs)
-        key, refs, kwrefs, reads, nested = _record_call(entry, args, kwargs)
-        key = tuple(key)
+        signature, refs, kwrefs, reads, nested = _record_call(entry, args, kwargs)
+        signature = tuple(signature)
 
     results = []
     outputs = []
@@ -244,7 +244,7 @@ def record_kernel(entry, args, kwargs):
     issue = QUEUE.issued = QUEUE.issued + 1
     record = OpRecord(
         entry.op, refs, kwrefs, nested, reads, writes, results, capture_location(), inference.cost,
-        inference.key, inference.key_id, _STREAMS.current, issue,
+        inference.signature, inference.signature_id, _STREAMS.current, issue,
     )
     COUNTERS.ops_recorded += 1
     QUEUE.host_us += QUEUE.host_us_per_op
@@ -336,7 +336,7 @@ def allocate(entry, args, kwargs):
     return device_tensor(shape, stride, meta.dtype, DeviceStorage(shape, stride, meta.dtype, nbytes), nbytes)
 
 
-def defer_in_backward(func, args, kwargs, error: BaseException):
+def defer_in_backward(op, args, kwargs, error: BaseException):
     """An op that raised on the host while the autograd engine runs backward: record the
     error as a deferred device failure and return poisoned outputs, so the error reaches
     the user at the next sync point, like a kernel failure.
@@ -349,7 +349,7 @@ def defer_in_backward(func, args, kwargs, error: BaseException):
     """
     from .errors import KernelFailure, describe_call
 
-    entry = op_entry(func)
+    entry = op_entry(op)
     kwargs = kwargs or {}
     try:
         inference = infer(entry, args, kwargs, _is_device)

@@ -31,7 +31,7 @@ SHAPE_CACHE: collections.OrderedDict = collections.OrderedDict()
 SHAPE_CACHE_SIZE = 16384
 
 NO_META = "no-meta"  # cached: this signature has no meta kernel
-_KEY_IDS = itertools.count(1)
+_SIGNATURE_IDS = itertools.count(1)
 
 
 class MetaRejected(Exception):
@@ -64,11 +64,11 @@ class Inference:
     None); ``structure`` is "tensor", "tuple", "list" or "none" (how the op returns them).
     """
 
-    __slots__ = ("outputs", "structure", "cost", "resized", "key_id", "key")
+    __slots__ = ("outputs", "structure", "cost", "resized", "signature_id", "signature")
 
     def __init__(self, outputs, structure, cost, resized=()) -> None:
-        self.key_id = next(_KEY_IDS)  # a small, never reused number for this signature
-        self.key = None  # the signature itself (set by the dispatcher)
+        self.signature_id = next(_SIGNATURE_IDS)  # a small, never reused number for this signature
+        self.signature = None  # the signature itself (set by the dispatcher)
         self.outputs = outputs
         self.structure = structure
         self.cost = cost

@@ -109,7 +109,7 @@ def _signature(members, graph, where, dead) -> tuple:
          tuple(number(storage) for storage in records[index].writes))
         for index in members
     )
-    return (tuple(records[index].key for index in members), flow, tuple(sorted(dead)), len(members))
+    return (tuple(records[index].signature for index in members), flow, tuple(sorted(dead)), len(members))
 
 
 def _build_spec(members, graph, where, dead, signature, patterns=(), repeats=1, dead_writes=frozenset()) -> KernelSpec:

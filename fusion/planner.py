@@ -181,7 +181,7 @@ def score(producer_index: int, consumer_index: int, records) -> int:
 
 def group_key(members, records) -> tuple:
     """What identifies a group's kernel: its ops' signatures in order."""
-    return tuple(records[index].key for index in members)
+    return tuple(records[index].signature for index in members)
 
 
 class Plan:
