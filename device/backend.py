@@ -278,10 +278,8 @@ def register() -> None:
 
     start_from_environment()
     _STATE["registered"] = True
-    from .config import CONFIG
-
-    if CONFIG.adaptive or CONFIG.stats_path or CONFIG.log_level is not None:
-        import adaptive_eager  # noqa: F401  (the runtime: adaptive eager, the dump at exit, logging)
+    # (The runtime loads through its own entry point when the environment asks for it,
+    # adaptive_eager_autoload: the device never imports it.)
     freeze_import_time_objects()
 
 

@@ -251,10 +251,10 @@ def test_threads_sharing_the_device():
 
 
 def test_import_torch_loads_the_device_package_alone():
-    """``import torch`` (the autoload entry point) loads adaptive_eager_device and nothing
-    of the adaptive runtime, the planner, the CLI formatters or networkx, and installs no
-    exit hook; the runtime loads with ``import adaptive_eager``, or when the environment
-    asks for it."""
+    """``import torch`` (the autoload entry points) loads adaptive_eager_device and the
+    runtime's 30-line hook (adaptive_eager_autoload), nothing of the adaptive runtime, the
+    planner, the CLI formatters or networkx, and installs no exit hook; the runtime loads
+    with ``import adaptive_eager``, or when the environment asks for it (the hook)."""
     import subprocess
     import sys
 
@@ -266,14 +266,14 @@ def test_import_torch_loads_the_device_package_alone():
                            check=True).stdout.splitlines()
     baseline = subprocess.run([sys.executable, "-c", "import atexit; print(atexit._ncallbacks())"], env=env,
                               capture_output=True, text=True, check=True, cwd="/").stdout.strip()
-    assert lines[0] == "['adaptive_eager_device']"
+    assert lines[0] == "['adaptive_eager_autoload', 'adaptive_eager_device']"
     networkx, callbacks = lines[1].split()
     assert networkx == "False"
     # torch's own exit callbacks, plus the queue drain only (no statistics dump)
     assert int(callbacks) <= int(baseline) + 8
     on = subprocess.run([sys.executable, "-c", code], env=dict(env, NEURON_ADAPTIVE_EAGER="1"), capture_output=True,
                         text=True, check=True).stdout.splitlines()
-    assert on[0] == "['adaptive_eager', 'adaptive_eager_device']"
+    assert on[0] == "['adaptive_eager', 'adaptive_eager_autoload', 'adaptive_eager_device']"
 
 
 def test_views_run_in_cpp_and_equal_the_cpu(monkeypatch):

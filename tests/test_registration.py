@@ -1,4 +1,5 @@
 """The device is registered the way PyTorch expects an out-of-tree accelerator to be."""
+import os
 import subprocess
 import sys
 
@@ -86,8 +87,11 @@ def test_the_device_runs_fused_kernels_without_the_planner():
     code = ("import sys, adaptive_eager_device.fused_kernel, adaptive_eager_device.built_kernel\n"
             "print(sorted({m.split('.')[0] for m in sys.modules if m.startswith('adaptive_eager')}),"
             " 'networkx' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
-    assert out.stdout.split() == ["['adaptive_eager_device']", "False"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/", env=env)
+    # (importing torch runs both autoload hooks: the device's, and the runtime's, which
+    # loads nothing more unless the environment asks)
+    assert out.stdout.split() == ["['adaptive_eager_autoload',", "'adaptive_eager_device']", "False"]
 
 
 @pytest.mark.parametrize("first", ["import torch", "import adaptive_eager", "import adaptive_eager_device",
@@ -112,3 +116,22 @@ def test_window_policy_is_public_restored_and_checked():
     with pytest.raises(TypeError, match="window_policy: no field max_window"):
         with adaptive_eager.window_policy(max_window=3):
             pass
+
+
+def test_the_device_never_imports_the_runtime_or_the_planner():
+    """Imports flow adaptive_eager -> fusion -> device, lazy imports included: no module of
+    device/ imports adaptive_eager (the runtime loads at ``import torch`` through its own
+    entry point, adaptive_eager/autoload, when the environment asks)."""
+    import ast
+    import pathlib
+
+    device = pathlib.Path(__file__).resolve().parent.parent / "device"
+    offending = []
+    for path in sorted(device.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            for name in names:
+                if name.split(".")[0] == "adaptive_eager":
+                    offending.append(f"{path.relative_to(device)}:{node.lineno} imports {name}")
+    assert offending == []
