@@ -157,29 +157,25 @@ class OpEntry:
         self.host_random = False  # a random op the device runs on the host (rng.py)
         # has a CompositeExplicitAutograd kernel: written in other ops, for every device
         self.composite = torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeExplicitAutograd")
-        if op in _NO_OPS:
-            self.kind = NO_OP
-        elif self.name.startswith(("c10d::", "_c10d_functional::")):
-            self.kind = COLLECTIVE
-        elif torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
-            self.kind = DECOMPOSE
-        elif op in _COPY_OPS:
-            self.kind = COPY
-        elif op in LIKE_FILLS:
-            self.kind = LIKE
-        elif op.is_view or op in _UNANNOTATED_VIEWS:
-            self.kind = VIEW
-        elif torch.Tag.inplace_view in tags:
-            self.kind = METADATA
-        elif torch.Tag.dynamic_output_shape in tags or op in _DATA_DEPENDENT:
-            self.kind = DATA_DEPENDENT
-        elif torch.Tag.data_dependent_output in tags or op in _HOST_READS:
-            self.kind = HOST_READ
-        else:
-            self.kind = KERNEL
+        self.kind = next((kind for kind, applies in _KIND_RULES if applies(op, self.name, tags)), KERNEL)
 
     def __repr__(self) -> str:
         return f"OpEntry({self.name}, {self.kind})"
+
+
+# How an op is classified: the first rule that applies gives its kind (else KERNEL).
+_KIND_RULES = (
+    (NO_OP, lambda op, name, tags: op in _NO_OPS),
+    (COLLECTIVE, lambda op, name, tags: name.startswith(("c10d::", "_c10d_functional::"))),
+    (DECOMPOSE, lambda op, name, tags: torch._C._dispatch_has_kernel_for_dispatch_key(
+        op.name(), "CompositeImplicitAutograd")),
+    (COPY, lambda op, name, tags: op in _COPY_OPS),
+    (LIKE, lambda op, name, tags: op in LIKE_FILLS),
+    (VIEW, lambda op, name, tags: op.is_view or op in _UNANNOTATED_VIEWS),
+    (METADATA, lambda op, name, tags: torch.Tag.inplace_view in tags),
+    (DATA_DEPENDENT, lambda op, name, tags: torch.Tag.dynamic_output_shape in tags or op in _DATA_DEPENDENT),
+    (HOST_READ, lambda op, name, tags: torch.Tag.data_dependent_output in tags or op in _HOST_READS),
+)
 
 
 def _aliased_argument(schema, alias_info):
