@@ -9,7 +9,7 @@ and the written-to tensor refer to a single memory location"). They check it whe
 run, on the data pointers, and meta kernels do not; on the device that check would run
 on the worker, and the error would be deferred to the next sync point, where CUDA and
 the CPU raise it at the call. So a call that writes a storage another of its arguments
-also reads is tried first on CPU buffers with the same aliasing (one zeroed buffer per
+also reads (``writes_shared``) is tried first on CPU buffers with the same aliasing (one zeroed buffer per
 storage, each argument a view of it with its own offset, shape and strides): if the CPU
 refuses it for overlap, the dispatcher runs the op on the host (``host_ops``), which
 raises the CPU's own error at the user's line. Other errors of the trial (its zeros are
@@ -33,13 +33,24 @@ _OVERLAP = "single memory location"  # in each of ATen's overlap messages
 
 
 def aliased(reads) -> bool:
-    """Does some storage appear twice among a call's tensor arguments?"""
+    """Does some storage appear twice among a call's tensor arguments? (The cheap test on
+    the per-op path; :func:`writes_shared` says whether it matters.)"""
     return len(reads) > 1 and len(set(reads)) < len(reads)
 
 
+def writes_shared(reads, writes) -> bool:
+    """Is a storage the call writes among those that appear more than once in its tensor
+    arguments? Two inputs sharing one (AdamW's ``_foreach_addcmul_(v, g, g)``) is fine."""
+    seen: set = set()
+    shared: set = set()
+    for storage in reads:
+        (shared if storage in seen else seen).add(storage)
+    return not shared.isdisjoint(writes)
+
+
 def refused(entry, key, args, kwargs) -> bool:
-    """Would the CPU refuse this call (which writes, and whose arguments share a storage)
-    because a written tensor overlaps another argument?"""
+    """Would the CPU refuse this call (which writes a storage another of its arguments
+    also reads) because a written tensor overlaps another argument?"""
     tensors = [leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)
                and leaf.device.type == "neuron"]
     numbers: dict = {}

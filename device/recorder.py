@@ -208,7 +208,9 @@ def record_kernel(entry, args, kwargs):
         # (``pack_padded_sequence``'s CPU lengths): run it, its ops come back here.
         return entry.op._op_dk(_COMPOSITE, *args, **(kwargs or {}))
     signature = tuple(signature)
-    if entry.mutated and overlap.aliased(reads) and overlap.refused(entry, signature, args, kwargs):
+    if (entry.mutated and overlap.aliased(reads)
+            and overlap.writes_shared(reads, _mutated_storages(entry, args, kwargs))
+            and overlap.refused(entry, signature, args, kwargs)):
         return run_on_host(entry, args, kwargs or {}, Flush.MEMORY_OVERLAP)  # raises the CPU's error
     inference = SHAPE_CACHE.get(signature)
     if inference is None:

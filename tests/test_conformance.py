@@ -449,3 +449,24 @@ def test_aliasing_the_cpu_accepts_runs_on_the_device_and_is_tried_once():
         assert sorted(tried) == ["aten::add", "aten::add_"]  # one trial per aliasing, then remembered
     finally:
         overlap._trial_refused = trial
+
+
+def test_inputs_sharing_a_storage_are_not_tried(monkeypatch):
+    """Only a *written* storage shared with another argument can overlap: AdamW's
+    ``_foreach_addcmul_(v, g, g)`` reads one gradient twice every step, and must not pay
+    the overlap check (``overlap.writes_shared``) on the per-op path."""
+    from adaptive_eager_device import overlap
+
+    checked = []
+    monkeypatch.setattr(overlap, "refused", lambda *args: checked.append(args[0].name) or False)
+    v, g = torch.rand(8), torch.randn(8)
+    dv, dg = v.to("neuron"), g.to("neuron")
+    for _ in range(2):
+        v.addcmul_(g, g, value=0.5)
+        dv.addcmul_(dg, dg, value=0.5)
+        torch._foreach_addcmul_([v], [g], [g], value=0.5)
+        torch._foreach_addcmul_([dv], [dg], [dg], value=0.5)
+    torch.testing.assert_close(dv.cpu(), v)
+    assert checked == []
+    dv.add_(dv)  # a written storage read again: checked
+    assert checked == ["aten::add_"]
