@@ -265,6 +265,33 @@ def test_a_compiled_optimizer_step_whose_state_the_graph_holds_equals_cpu():
     assert compiled_stats()["graph_calls"] >= 3
 
 
+def test_a_compiled_adamw_steps_per_parameter_fills_are_one_launch(monkeypatch):
+    # The compiled AdamW step writes each parameter's host-computed scalar into a device
+    # tensor (aten::fill_), one op per parameter. Where the optimizer's chain is too big
+    # for the on-chip rule (realistic sizes; the rule off here), the fills are one
+    # multi-tensor launch beside the foreach chain's, not one launch each.
+    monkeypatch.setattr(CONFIG, "on_chip_mb", 0)
+    torch.manual_seed(0)
+    shapes = [(8, 4 + i) for i in range(6)]
+    cpu_params = [nn.Parameter(torch.randn(*shape)) for shape in shapes]
+    params = [nn.Parameter(p.detach().to("neuron")) for p in cpu_params]
+    for p, q in zip(params, cpu_params):
+        q.grad = torch.randn_like(q)
+        p.grad = q.grad.to("neuron")
+    optimizers = [torch.optim.AdamW(ps, lr=1e-2) for ps in (params, cpu_params)]
+    step = torch.compile(optimizers[0].step)
+    for call in range(3):
+        if call == 2:
+            params[0].detach().cpu()
+            adaptive_eager.reset_stats()
+        step()
+        optimizers[1].step()
+    for p, q in zip(params, cpu_params):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+    kernels = adaptive_eager.stats()["kernels"]
+    assert adaptive_eager.stats()["kernels_launched"] == 2, kernels
+
+
 def test_a_compiled_optimizer_step_writes_its_state_in_place_as_eager_does():
     params = [nn.Parameter(torch.randn(8, 8, device="neuron")) for _ in range(3)]
     for p in params:
