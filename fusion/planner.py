@@ -45,7 +45,7 @@ import torch
 from adaptive_eager_device.execution_queue import BatchCost
 from adaptive_eager_device.reasons import Refused
 
-from .categories import BARRIER, FOREACH, MATMUL, OPAQUE, POINTWISE, REDUCTION, category
+from .categories import BARRIER, FOREACH, MATMUL, OPAQUE, REDUCTION, category
 from .kernels import group_spec
 from .patterns import KINDS as LIBRARY_KINDS, find_patterns
 from .rules import loop_rules
@@ -240,17 +240,14 @@ def _chain_shape(members, window: WindowGraph) -> tuple:
     return tuple((records[index].op, tuple(source(s) for s in records[index].reads)) for index in members)
 
 
-def _fuse_horizontally(groups, group_of, window: WindowGraph, members_of, kinds) -> None:
-    """Put independent copies of the same chain into one launch: a multi-tensor kernel,
-    as an optimizer step issues the same short chain for every parameter. A chain is a
-    multi-op group, or one pointwise op alone (a compiled AdamW step's per-parameter
-    ``fill_`` of a host scalar: one multi-tensor fill, not one launch each); a lone
-    matmul or reduction stays alone (a grouped GEMM is not modelled). Legal when no path
-    joins them (the cycle check); the ops still run in program order."""
+def _fuse_horizontally(groups, group_of, window: WindowGraph, members_of) -> None:
+    """Put independent copies of the same multi-op chain into one launch: a multi-tensor
+    kernel, as an optimizer step issues the same short chain for every parameter. Legal
+    when no path joins them (the cycle check); the ops still run in program order."""
     buckets: dict = {}
     for gid in sorted(groups, key=lambda g: min(groups[g].members)):
         group = groups[gid]
-        if group.matches or (len(group.members) < 2 and kinds[group.members[0]] != POINTWISE):
+        if len(group.members) < 2 or group.matches:
             continue
         buckets.setdefault(_chain_shape(sorted(group.members), window), []).append(gid)
     for gids in buckets.values():
@@ -338,7 +335,7 @@ def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_c
             refusals[reason] = refusals.get(reason, 0) + 1
             LOG.debug("not fusing %s -> %s: %s", records[u].name, records[v].name, reason)
 
-    _fuse_horizontally(groups, group_of, window, members_of, kinds)
+    _fuse_horizontally(groups, group_of, window, members_of)
 
     # launch order: a topological order of the groups, smallest first position first
     quotient = nx.DiGraph()

@@ -57,9 +57,19 @@ def _two_anchors(producer, consumer, edge, kinds, records):
 def _pointwise_spaces(producer, consumer, edge, kinds, records):
     if _anchored(producer, consumer) is None and not (
         producer.numels <= consumer.numels or consumer.numels <= producer.numels or _broadcast_into(producer, consumer)
+        or _within_tensor_group(producer, consumer) or _within_tensor_group(consumer, producer)
     ):
         return Refused.ITERATION_SPACES
     return None
+
+
+def _within_tensor_group(group, other) -> bool:
+    """Is each of ``group``'s iteration spaces one tensor of a multi-tensor (foreach)
+    group that ``other`` loops over? Then the multi-tensor kernel's loop over that tensor
+    holds it (a compiled AdamW step's ``fill_`` of each moment's lerp weight, read by
+    ``_foreach_addcmul_``)."""
+    tensors = {n for space in other.numels if type(space) is tuple for n in space[1]}
+    return bool(tensors) and all(type(n) is int and n in tensors for n in group.numels)
 
 
 def _matmul_prologue(producer, consumer, edge, kinds, records):
@@ -91,7 +101,8 @@ LOOP_RULES = (
              each_group=True),
     LoopRule("one_anchor", "at most one of the two holds a reduction or matmul", _two_anchors),
     LoopRule("pointwise_spaces", "without an anchor: one's iteration spaces hold the other's, or the producer's "
-             "broadcast into the consumer's", _pointwise_spaces),
+             "broadcast into the consumer's, or each of one's is a tensor of the other's multi-tensor group",
+             _pointwise_spaces),
     LoopRule("no_matmul_prologue", "the edge does not end at a matmul (it takes an epilogue only)", _matmul_prologue),
     LoopRule("anchored_spaces", "with an anchor: the other group's iteration spaces are the anchor's, or the "
              "producer's broadcast into the consumer's", _anchored_spaces),
