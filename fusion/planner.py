@@ -28,7 +28,9 @@ ends when legal. What may share a kernel:
 - a library kernel (``fusion/patterns.py``) as the op it stands for: a matmul, a
   reduction or a pointwise op (``patterns.KINDS``), over its outputs' elements;
 - multi-tensor (foreach) ops over one tensor group (the same number of elements at each
-  position of their lists): an optimizer step over every parameter, as ``_fused_adamw_``.
+  position of their lists): an optimizer step over every parameter, as ``_fused_adamw_``,
+  with the pointwise ops over one tensor of the group each (the loop over that tensor
+  holds them).
 
 Every refusal has a reason, counted in the statistics and logged at DEBUG to
 ``adaptive_eager.fusion``. Plans are deterministic: ties break by window position.
