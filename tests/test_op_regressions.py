@@ -212,3 +212,20 @@ def test_grouped_mm_in_float32_runs_on_the_device():
     result = torch._grouped_mm(a.to("neuron"), b.to("neuron"), offs=offs.to("neuron"))
     assert_same(result, torch._grouped_mm(a, b, offs=offs))
     assert adaptive_eager.stats()["fallback_ops"] == {}
+
+
+# -- bfloat16: the kernel the CPU runs, not a composite that rounds at each step ----------
+EXACT = {"rtol": 0, "atol": 0}
+
+
+@pytest.mark.parametrize("activation", ["silu", "mish"])
+def test_bfloat16_activation_gradients_are_the_cpus_kernels(activation):
+    # silu_backward and mish_backward are composites for PrivateUse1; the CPU's kernels
+    # compute a bfloat16 gradient in float32, the composite rounds each of its ops.
+    function = getattr(torch.nn.functional, activation)
+    torch.manual_seed(0)
+    x, grad = torch.randn(4096, dtype=torch.bfloat16), torch.randn(4096, dtype=torch.bfloat16)
+    expected, = torch.autograd.grad(function(x.requires_grad_()), x, grad)
+    on_device = x.detach().to("neuron").requires_grad_()
+    result, = torch.autograd.grad(function(on_device), on_device, grad.to("neuron"))
+    assert_same(result, expected, **EXACT)
