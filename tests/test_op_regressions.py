@@ -229,3 +229,23 @@ def test_bfloat16_activation_gradients_are_the_cpus_kernels(activation):
     on_device = x.detach().to("neuron").requires_grad_()
     result, = torch.autograd.grad(function(on_device), on_device, grad.to("neuron"))
     assert_same(result, expected, **EXACT)
+
+
+@pytest.mark.parametrize("masking", ["none", "causal", "boolean"])
+def test_bfloat16_attention_runs_the_kernel_the_cpu_picks(masking):
+    # The CPU runs 4-d attention without dropout as its flash kernel (float32
+    # accumulation); the composite's math decomposition on the device rounded each step.
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    q, k, v, grad = (torch.randn(2, 3, 16, 8, dtype=torch.bfloat16) for _ in range(4))
+    mask = torch.rand(16, 16) > 0.3 if masking == "boolean" else None
+
+    def attend(q, k, v, grad):
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask.to(q.device),
+                                             is_causal=masking == "causal")
+        return [out.detach(), *torch.autograd.grad(out, (q, k, v), grad)]
+
+    result = attend(*(t.to("neuron") for t in (q, k, v, grad)))
+    assert_same(result, attend(q, k, v, grad), **EXACT)
