@@ -209,9 +209,10 @@ def _register_kernels() -> None:
     # tied weights stay tied): CPU and neuron tensors are both dense, as CPU and CUDA
     # are; PyTorch leaves the answer for PrivateUse1 to the backend.
     whole.impl("_has_compatible_shallow_copy_type", _dense_both, "PrivateUse1")
-    from . import attention
+    from . import attention, rnn
 
     attention.register(whole)  # scaled_dot_product_attention: the CPU's choice of kernel
+    rnn.register(whole)  # LSTM, GRU and RNN layers and cells: the CPU's branch of RNN.cpp
     _STATE["libraries"] += [fallback, whole, collectives]
 
 
