@@ -34,12 +34,25 @@ def _like_on_cpu(tensor):
     return torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device="cpu")
 
 
+def _checked_by_the_composite(query, key, value, attn_mask) -> bool:
+    """Whether the inputs pass the composite's ``validate_sdpa_input`` (one dtype and one
+    device for query, key and value, at least 2 dimensions, a boolean, float or query-typed
+    mask): the flash kernel skips some of these checks, so anything else goes to the
+    composite, which raises its own error."""
+    tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
+    if not all(isinstance(t, torch.Tensor) and not t.is_nested for t in tensors):
+        return False
+    if key.dtype != query.dtype or value.dtype != query.dtype or min(t.dim() for t in (query, key, value)) < 2:
+        return False
+    if any(t.device != query.device for t in tensors):
+        return False
+    return attn_mask is None or attn_mask.dtype in (torch.bool, torch.float32, query.dtype)
+
+
 def _cpu_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> int:
     """The backend the CPU would run for tensors of these shapes, strides and dtypes (0:
     math). Inputs the CPU's choice refuses go to the composite, which raises its error."""
-    if not all(isinstance(t, torch.Tensor) for t in (query, key, value)):
-        return 0
-    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+    if not _checked_by_the_composite(query, key, value, attn_mask):
         return 0
     try:
         return aten._fused_sdp_choice.default(

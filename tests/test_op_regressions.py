@@ -249,3 +249,14 @@ def test_bfloat16_attention_runs_the_kernel_the_cpu_picks(masking):
 
     result = attend(*(t.to("neuron") for t in (q, k, v, grad)))
     assert_same(result, attend(q, k, v, grad), **EXACT)
+
+
+def test_attention_arguments_the_composite_refuses_raise_its_errors():
+    # The flash path skips some of the composite's checks: such calls go to the composite.
+    import torch.nn.functional as F
+
+    q = torch.randn(2, 2, 4, 8).to("neuron")
+    with pytest.raises(RuntimeError, match="attn_mask dtype to be bool or float"):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 4, dtype=torch.int64).to("neuron"))
+    with pytest.raises(RuntimeError, match="same device type"):
+        F.scaled_dot_product_attention(q, torch.randn(2, 2, 4, 8), torch.randn(2, 2, 4, 8))
