@@ -225,9 +225,19 @@ def _lstm_onednn(input, hx, params, has_biases, num_layers, dropout_p, train, bi
 
 
 # -- the ops -------------------------------------------------------------------------------
+def _check_devices(input, hiddens, params):
+    """RNN.cpp's ``check_attributes``: the hidden states and parameters on the input's device."""
+    for name, tensors in (("hidden", hiddens), ("parameter", params)):
+        for t in tensors:
+            if t is not None and t.device != input.device:
+                raise RuntimeError(f"Input and {name} tensors are not at the same device, found input tensor at "
+                                   f"{input.device} and {name} tensor at {t.device}")
+
+
 def lstm_input(input, hx, params, has_biases, num_layers, dropout_p, train, bidirectional, batch_first):
     if len(hx) != 2:
         raise RuntimeError("lstm expects two hidden states")
+    _check_devices(input, hx, params)
     if _onednn_takes(input, hx):
         return _lstm_onednn(input, hx, params, has_biases, num_layers, dropout_p, train, bidirectional, batch_first)
     inputs = input.transpose(0, 1) if batch_first else input
@@ -261,6 +271,7 @@ def _lstm(inputs, hx, params, has_biases, num_layers, dropout_p, train, bidirect
 def _one_hidden(cell):
     """``gru``, ``rnn_tanh``, ``rnn_relu`` (RNN.cpp's ``ONE_HIDDEN_RNN``): .input and .data."""
     def on_input(input, hx, params, has_biases, num_layers, dropout_p, train, bidirectional, batch_first):
+        _check_devices(input, [hx], params)
         inputs = input.transpose(0, 1) if batch_first else input
         output, finals = _stack_layers(cell, _layers(False, bidirectional), inputs, hx.unbind(0),
                                        _gather_params(params, has_biases), num_layers, dropout_p, train, bidirectional)

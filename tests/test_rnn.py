@@ -190,3 +190,11 @@ def test_the_cpu_branch_written_out_is_the_cpus(op, dtype):
         result_grads = torch.autograd.grad(result, leaves, cotangents)
         for a, b in zip([*result, *result_grads], [*expected, *expected_grads]):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", [torch.nn.LSTM, torch.nn.GRU])
+def test_a_hidden_state_on_another_device_is_refused_as_on_the_cpu(kind):
+    module = kind(3, 4).to("neuron")
+    h = torch.zeros(1, 2, 4)
+    with pytest.raises(RuntimeError, match="Input and hidden tensors are not at the same device"):
+        module(torch.randn(5, 2, 3).to("neuron"), (h, h) if kind is torch.nn.LSTM else h)
