@@ -150,6 +150,21 @@ def _whole_ops():
             yield op
 
 
+def _cpu_kernel_ops():
+    """The aten overloads that are composites for PrivateUse1 but kernels on the CPU
+    (``op_table.cpu_kernel_over_composite``: ``silu_backward``, ``mish_backward``,
+    ``native_channel_shuffle``). A PrivateUse1 kernel makes the dispatcher run the device's
+    kernel (the CPU's, on the device bytes) and, at AutogradPrivateUse1, the op's autograd
+    formula instead of the composite, as for the CPU; otherwise the composite would
+    decompose them into ops that round at each step."""
+    from .op_table import cpu_kernel_over_composite
+
+    for name in torch._C._dispatch_get_all_op_names():
+        if name.startswith("aten::") and cpu_kernel_over_composite(name):
+            packet, _, overload = name[len("aten::"):].partition(".")
+            yield getattr(getattr(torch.ops.aten, packet), overload or "default")
+
+
 def _refuse_sparse(op, *args, **kwargs):
     from .errors import users_error
 
@@ -174,7 +189,7 @@ def _register_kernels() -> None:
                 constructors.impl(qualified, _user_facing(functools.partial(_refuse_sparse, op)), key)
     _STATE["libraries"].append(constructors)
     whole = torch.library.Library("aten", "IMPL")
-    for op in _whole_ops():
+    for op in (*_whole_ops(), *_cpu_kernel_ops()):
         whole.impl(op._schema.name[len("aten::"):] + (f".{op._overloadname}" if op._overloadname != "default" else ""),
                    _user_facing(_kernel_for(op)), "PrivateUse1")
     # c10d's collectives have PrivateUse1 kernels that hand the tensors to the process
@@ -194,6 +209,10 @@ def _register_kernels() -> None:
     # tied weights stay tied): CPU and neuron tensors are both dense, as CPU and CUDA
     # are; PyTorch leaves the answer for PrivateUse1 to the backend.
     whole.impl("_has_compatible_shallow_copy_type", _dense_both, "PrivateUse1")
+    from . import attention, rnn
+
+    attention.register(whole)  # scaled_dot_product_attention: the CPU's choice of kernel
+    rnn.register(whole)  # LSTM, GRU and RNN layers and cells: the CPU's branch of RNN.cpp
     _STATE["libraries"] += [fallback, whole, collectives]
 
 

@@ -4,12 +4,16 @@ Entry point: :data:`DEVICE_REWRITES` (aten op -> the ``neuron::`` op the dispatc
 instead: same arguments, a CPU implementation written in aten ops, and a meta kernel).
 
 On an accelerator, PyTorch's own code calls kernels that exist only for accelerators:
-``nn.LSTM``, ``nn.GRU``, ``nn.LSTMCell`` and ``nn.GRUCell`` call the fused cells
-``aten::_thnn_fused_lstm_cell`` and ``aten::_thnn_fused_gru_cell`` (and their backward
-kernels) whenever the input is not on the CPU. The CPU has no kernel for them, so the
-device runs these: the gate arithmetic of CUDA's kernels (``aten/src/ATen/native/cuda/
-RNN.cu``), element by element in float32 for float32 inputs, so results equal the CPU's
-own LSTM and GRU within float tolerance (the CPU adds the biases in another order).
+the RNN composites (``aten::lstm``, ``gru``, ``lstm_cell``, ``gru_cell``) call the fused
+cells ``aten::_thnn_fused_lstm_cell`` and ``aten::_thnn_fused_gru_cell`` (and their
+backward kernels) whenever the input is not on the CPU. The CPU has no kernel for them,
+so the device runs these: the gate arithmetic of CUDA's kernels (``aten/src/ATen/native/
+cuda/RNN.cu``), in the inputs' dtype. Eager ``nn.LSTM``/``nn.GRU`` and the cells no
+longer reach them: the device registers those composites with the CPU's branch
+(``device/rnn.py``), whose results equal the CPU's bit for bit; the fused cells remain
+for graphs that call them (``torch.compile`` decomposes the composites above the device
+as for any accelerator) and direct calls, within float tolerance of the CPU's LSTM and
+GRU (the CPU adds the biases inside its matmuls).
 """
 from __future__ import annotations
 

@@ -37,7 +37,11 @@ Kinds (plain strings, compared by identity on the hot path):
 - ``DECOMPOSE``: a composite of other ops (a ``CompositeImplicitAutograd`` kernel:
   ``contiguous``, ``reshape``, ``linear``). Autograd decomposes them before they reach the
   device, except when it is off (inference mode) or when a composite kernel running on
-  device tensors calls them: then they are decomposed here, as on any backend.
+  device tensors calls them: then they are decomposed here, as on any backend. Not the
+  composites the CPU overrides with a kernel of its own (:func:`cpu_kernel_over_composite`:
+  ``silu_backward``, ``mish_backward``): the device registers a kernel for those and runs
+  the CPU's, so it computes what the CPU computes (the composite rounds each step to the
+  tensor's dtype, the CPU's kernel computes a bfloat16 gradient in float32).
 """
 from __future__ import annotations
 
@@ -163,10 +167,21 @@ class OpEntry:
         return f"OpEntry({self.name}, {self.kind})"
 
 
+def cpu_kernel_over_composite(name: str) -> bool:
+    """Whether the aten op ``name`` ("aten::silu_backward") is a ``CompositeImplicitAutograd``
+    composite for PrivateUse1 that the CPU overrides with a kernel of its own, and has an
+    autograd formula (so a device kernel keeps it differentiable). For these the device
+    registers a kernel (``backend._register_kernels``) and runs the CPU's: decomposed,
+    they would round differently (in bfloat16, by up to a few steps). Asked once per op."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return has(name, "CompositeImplicitAutograd") and has(name, "CPU") and has(name, "Autograd")
+
+
 # How an op is classified: the first rule that applies gives its kind (else KERNEL).
 _KIND_RULES = (
     (NO_OP, lambda op, name, tags: op in _NO_OPS),
     (COLLECTIVE, lambda op, name, tags: name.startswith(("c10d::", "_c10d_functional::"))),
+    (KERNEL, lambda op, name, tags: cpu_kernel_over_composite(op.name())),
     (DECOMPOSE, lambda op, name, tags: torch._C._dispatch_has_kernel_for_dispatch_key(
         op.name(), "CompositeImplicitAutograd")),
     (COPY, lambda op, name, tags: op in _COPY_OPS),

@@ -157,6 +157,14 @@ META_OVERRIDES = {
 }
 
 
+def _probe_in_training(op, meta_args, meta_kwargs):
+    """oneDNN's LSTM layer (``mkldnn_rnn_layer``, device/rnn.py): its workspace has the
+    size oneDNN asks for (the meta kernel says 0 elements), and exists only when autograd
+    is on; the device worker runs kernels with autograd on, so the probe does too."""
+    with torch.enable_grad():
+        return _probe_on_cpu(op, meta_args, meta_kwargs)
+
+
 def _probe_bin_edges(op, meta_args, meta_kwargs):
     """histogram with its bin edges given (argument 1): a probe whose edges increase."""
     return _probe_on_cpu(op, meta_args, meta_kwargs, increasing=(1,))
@@ -185,6 +193,7 @@ META_OVERRIDES.update({
     for packet in (_aten.linspace, _aten.logspace)
     for overload in (getattr(packet, name) for name in packet.overloads() if name.endswith("out"))
 })
+META_OVERRIDES[_aten.mkldnn_rnn_layer.default] = _probe_in_training
 META_OVERRIDES[_aten.binomial.default] = _like_first_input
 META_OVERRIDES[_aten._sample_dirichlet.default] = _like_first_input
 META_OVERRIDES[_aten.histogram.bins_tensor] = _probe_bin_edges

@@ -212,3 +212,51 @@ def test_grouped_mm_in_float32_runs_on_the_device():
     result = torch._grouped_mm(a.to("neuron"), b.to("neuron"), offs=offs.to("neuron"))
     assert_same(result, torch._grouped_mm(a, b, offs=offs))
     assert adaptive_eager.stats()["fallback_ops"] == {}
+
+
+# -- bfloat16: the kernel the CPU runs, not a composite that rounds at each step ----------
+EXACT = {"rtol": 0, "atol": 0}
+
+
+@pytest.mark.parametrize("activation", ["silu", "mish"])
+def test_bfloat16_activation_gradients_are_the_cpus_kernels(activation):
+    # silu_backward and mish_backward are composites for PrivateUse1; the CPU's kernels
+    # compute a bfloat16 gradient in float32, the composite rounds each of its ops.
+    function = getattr(torch.nn.functional, activation)
+    torch.manual_seed(0)
+    x, grad = torch.randn(4096, dtype=torch.bfloat16), torch.randn(4096, dtype=torch.bfloat16)
+    expected, = torch.autograd.grad(function(x.requires_grad_()), x, grad)
+    on_device = x.detach().to("neuron").requires_grad_()
+    result, = torch.autograd.grad(function(on_device), on_device, grad.to("neuron"))
+    assert_same(result, expected, **EXACT)
+
+
+@pytest.mark.parametrize("masking", ["none", "causal", "boolean"])
+def test_bfloat16_attention_runs_the_kernel_the_cpu_picks(masking):
+    # The CPU runs 4-d attention without dropout as its flash kernel (float32
+    # accumulation); the composite's math decomposition on the device rounded each step.
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    q, k, v, grad = (torch.randn(2, 3, 16, 8, dtype=torch.bfloat16) for _ in range(4))
+    mask = torch.rand(16, 16) > 0.3 if masking == "boolean" else None
+
+    def attend(q, k, v, grad):
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask.to(q.device),
+                                             is_causal=masking == "causal")
+        return [out.detach(), *torch.autograd.grad(out, (q, k, v), grad)]
+
+    result = attend(*(t.to("neuron") for t in (q, k, v, grad)))
+    assert_same(result, attend(q, k, v, grad), **EXACT)
+
+
+def test_attention_arguments_the_composite_refuses_raise_its_errors():
+    # The flash path skips some of the composite's checks: such calls go to the composite.
+    import torch.nn.functional as F
+
+    q = torch.randn(2, 2, 4, 8).to("neuron")
+    with pytest.raises(RuntimeError, match="attn_mask dtype to be bool or float"):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 4, dtype=torch.int64).to("neuron"))
+    with pytest.raises(RuntimeError, match="same device type"):
+        F.scaled_dot_product_attention(q, torch.randn(2, 2, 4, 8), torch.randn(2, 2, 4, 8))

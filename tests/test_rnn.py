@@ -1,14 +1,18 @@
 """Recurrent modules on ``neuron`` against the CPU's own LSTM and GRU.
 
-On an accelerator PyTorch runs ``nn.LSTM``/``nn.GRU`` and the cells through the fused
-cell kernels (``_thnn_fused_lstm_cell``, ``_thnn_fused_gru_cell`` and their backward),
-which the CPU lacks; the device implements them (``device/native.py``). Forward, input
-and parameter gradients and a few optimizer steps must equal the CPU's within float
-tolerance, in both modes.
+On an accelerator PyTorch's RNN composites would run each step as a fused cell kernel
+(``_thnn_fused_lstm_cell``...); the device registers the composites with the CPU's branch
+instead (``device/rnn.py``: the CPU's cells and layers, oneDNN's LSTM layer where the CPU
+uses it), so results equal the CPU's bit for bit, in float32 and bfloat16. Forward, input
+and parameter gradients and a few optimizer steps are checked, in both modes.
 """
+import copy
+
 import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from adaptive_eager_device import rnn
 
 pytestmark = pytest.mark.usefixtures("any_mode")
 
@@ -118,3 +122,79 @@ def test_a_module_that_ran_on_the_cpu_moves_to_the_device(kind):
     torch.testing.assert_close(module(x.to("neuron"))[0].cpu(), expected.detach(), **TOLERANCE)
     module.to("cpu")
     torch.testing.assert_close(module(x)[0], expected, **TOLERANCE)
+
+
+def _one_step(module, device, x, lengths):
+    """Outputs, final states and the gradients of inputs and parameters, on the CPU; with
+    ``lengths`` (the last one's, 0 for the full length), as a packed sequence."""
+    module = copy.deepcopy(module).to(device)
+    x = x.to(device).requires_grad_()
+    steps = x.size(int(module.batch_first))
+    inputs = x if lengths is None else pack_padded_sequence(
+        x, torch.tensor([steps, lengths or steps]), module.batch_first)
+    output, state = module(inputs)
+    output = output if lengths is None else output.data
+    state = state if isinstance(state, tuple) else (state,)
+    loss = (output * output).sum() + sum((s * s).sum() for s in state)
+    return [t.detach().cpu() for t in (output, *state, *torch.autograd.grad(loss, [x, *module.parameters()]))]
+
+
+@pytest.mark.parametrize("lengths", [None, 2, 0], ids=["padded", "packed", "packed_one_length"])
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_bfloat16_layers_equal_the_cpu_bit_for_bit(name, lengths):
+    # The fused cells rounded the gates apart from the matmuls (and oneDNN's LSTM, which
+    # the CPU runs on a padded batch or a packed one of sequences of one length, keeps
+    # them in float32): a step or two of bfloat16 off the CPU's.
+    torch.manual_seed(0)
+    module = CONFIGS[name]().to(torch.bfloat16)
+    x = torch.randn(2, 7, 3) if module.batch_first else torch.randn(7, 2, 3)
+    x = x.to(torch.bfloat16)
+    for a, b in zip(_one_step(module, "neuron", x, lengths), _one_step(module, "cpu", x, lengths)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cell", [torch.nn.LSTMCell, torch.nn.GRUCell])
+def test_cells_equal_the_cpu_bit_for_bit(cell, dtype):
+    torch.manual_seed(0)
+    module, x = cell(4, 6).to(dtype), torch.randn(3, 4, dtype=dtype)
+
+    def run(device):
+        moved, inputs = copy.deepcopy(module).to(device), x.to(device).requires_grad_()
+        out = moved(inputs)
+        out = out if isinstance(out, tuple) else (out,)
+        grads = torch.autograd.grad(sum((o * o).sum() for o in out), [inputs, *moved.parameters()])
+        return [t.detach().cpu() for t in (*out, *grads)]
+
+    for a, b in zip(run("neuron"), run("cpu")):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("op", ["lstm", "gru", "rnn_tanh"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cpu_branch_written_out_is_the_cpus(op, dtype):
+    # device/rnn.py on CPU tensors: PyTorch's own composite (and oneDNN's LSTM), exactly,
+    # forward and backward, bidirectional and stacked, with and without biases.
+    torch.manual_seed(0)
+    for bias in (True, False):
+        module = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn_tanh": torch.nn.RNN}[op](
+            3, 5, num_layers=2, bidirectional=True, bias=bias).to(dtype)
+        weights = [w.detach().clone().requires_grad_() for w in module._flat_weights]
+        x = torch.randn(4, 2, 3, dtype=dtype, requires_grad=True)
+        hx = [torch.randn(4, 2, 5, dtype=dtype, requires_grad=True) for _ in range(2 if op == "lstm" else 1)]
+        args = (x, hx if op == "lstm" else hx[0], weights, bias, 2, 0.0, True, True, False)
+        expected, result = getattr(torch.ops.aten, op).input(*args), getattr(rnn, f"{op}_input")(*args)
+        cotangents = [torch.randn_like(t) for t in expected]
+        leaves = [x, *hx, *weights]
+        expected_grads = torch.autograd.grad(expected, leaves, cotangents)
+        result_grads = torch.autograd.grad(result, leaves, cotangents)
+        for a, b in zip([*result, *result_grads], [*expected, *expected_grads]):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", [torch.nn.LSTM, torch.nn.GRU])
+def test_a_hidden_state_on_another_device_is_refused_as_on_the_cpu(kind):
+    module = kind(3, 4).to("neuron")
+    h = torch.zeros(1, 2, 4)
+    with pytest.raises(RuntimeError, match="Input and hidden tensors are not at the same device"):
+        module(torch.randn(5, 2, 3).to("neuron"), (h, h) if kind is torch.nn.LSTM else h)
