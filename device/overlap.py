@@ -26,6 +26,7 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils._python_dispatch import _disable_current_modes
 
+from . import _C as _native
 from .tensor import offset_of, storage_of
 
 _ACCEPTED: set = set()  # (signature, aliasing) the CPU accepted
@@ -86,8 +87,9 @@ def _trial_refused(entry, args, kwargs) -> bool:
         trial_kwargs[entry.generator_arg] = torch.Generator()
     try:
         with _disable_current_modes(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the trial's own (an out= tensor resized): the real call warns
-            entry.op(*trial_args, **trial_kwargs)
+            # the trial's own warnings (an out= tensor resized), Python's and C++'s: the real call warns
+            warnings.simplefilter("ignore")
+            _native.call_quietly("", entry.op, *trial_args, **trial_kwargs)
     except Exception as error:  # noqa: BLE001 - only an overlap refusal is the call's
         return _OVERLAP in str(error)
     return False
