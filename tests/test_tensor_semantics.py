@@ -2,6 +2,7 @@
 printing, copies, dtypes, devices, serialization."""
 import copy
 import io
+import warnings
 
 import pytest
 import torch
@@ -158,8 +159,6 @@ def test_resize_and_out_argument():
 def _resize_warnings(device, call, times=2):
     """The warnings of ``call`` run ``times`` times: (file name, line, message) each, the
     message without the CPU's "(Triggered internally at ...)" note."""
-    import warnings
-
     seen = []
     for _ in range(times):
         with warnings.catch_warnings(record=True) as caught:
