@@ -14,6 +14,7 @@ from . import rng as _random
 from .config import CONFIG
 from .cost_model import PROFILE
 from .indices import COUNT, current_index, exchange_index, index_of
+from .legacy_storage import CLASSES as _LEGACY_STORAGES
 from .reasons import Flush
 from .storage import MEMORY, release_freed_memory
 from .streams import Event, Stream, current_stream, default_stream, set_stream, stream  # noqa: F401
@@ -230,3 +231,8 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
         f"  out-of-memory:    {stats['num_ooms']:12d}",
     ]
     return "\n".join(lines)
+
+
+# -- legacy storage classes (device/legacy_storage.py) ------------------------------------
+# torch.neuron.FloatStorage and the rest, which tensor.storage_type() finds here
+globals().update(_LEGACY_STORAGES)

@@ -15,6 +15,7 @@ import functools
 import os
 import sys
 import traceback
+import warnings
 
 import torch
 
@@ -85,6 +86,21 @@ def capture_location(depth: int = 2):
     if node is not None:
         return (f"<autograd backward: {node.name()}>", 0)
     return ("<unknown>", 0)
+
+
+def warn_at_user_line(message: str, category=UserWarning) -> None:
+    """Warn as a CPU kernel's ``TORCH_WARN`` does: attributed to the user's line (the first
+    frame :func:`capture_location` would report), under the warning filters and the
+    once-per-location registry of that frame's module."""
+    frame = sys._getframe(1)
+    while frame is not None and is_internal(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None:
+        warnings.warn(message, category, stacklevel=2)
+        return
+    globals_ = frame.f_globals
+    warnings.warn_explicit(message, category, frame.f_code.co_filename, frame.f_lineno,
+                           module=globals_.get("__name__"), registry=globals_.setdefault("__warningregistry__", {}))
 
 
 # generated code (a compiled graph's FX code) -> lineno -> the user's SourceLocation or None

@@ -10,7 +10,8 @@ run, on the data pointers, and meta kernels do not; on the device that check wou
 on the worker, and the error would be deferred to the next sync point, where CUDA and
 the CPU raise it at the call. So a call that writes a storage another of its arguments
 also reads (``writes_shared``) is tried first on CPU buffers with the same aliasing (one zeroed buffer per
-storage, each argument a view of it with its own offset, shape and strides): if the CPU
+storage, each argument a view of it with its own offset in the storage's allocation,
+shape and strides): if the CPU
 refuses it for overlap, the dispatcher runs the op on the host (``host_ops``), which
 raises the CPU's own error at the user's line. Other errors of the trial (its zeros are
 not the user's data) are not the call's, and are ignored. Aliasings the CPU accepted
@@ -25,7 +26,8 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .tensor import storage_of
+from . import _C as _native
+from .tensor import offset_of, storage_of
 
 _ACCEPTED: set = set()  # (signature, aliasing) the CPU accepted
 _MAX_ACCEPTED = 4096
@@ -54,7 +56,7 @@ def refused(entry, key, args, kwargs) -> bool:
     tensors = [leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)
                and leaf.device.type == "neuron"]
     numbers: dict = {}
-    aliasing = tuple((numbers.setdefault(storage_of(t), len(numbers)), t.storage_offset()) for t in tensors)
+    aliasing = tuple((numbers.setdefault(storage_of(t), len(numbers)), offset_of(t)) for t in tensors)
     token = (key, aliasing)
     if token in _ACCEPTED:
         return False
@@ -75,18 +77,19 @@ def _trial_refused(entry, args, kwargs) -> bool:
             return value
         storage = storage_of(value)
         buffer = buffers.get(storage)
-        if buffer is None:
-            nbytes = value.untyped_storage().nbytes()
+        if buffer is None:  # the whole allocation: a storage view's tensor starts inside it
+            nbytes = max(storage.nbytes or 0, value.untyped_storage().nbytes())
             buffer = buffers[storage] = torch.zeros(nbytes, dtype=torch.uint8).untyped_storage()
-        return torch.empty(0, dtype=value.dtype).set_(buffer, value.storage_offset(), value.shape, value.stride())
+        return torch.empty(0, dtype=value.dtype).set_(buffer, offset_of(value), value.shape, value.stride())
 
     trial_args, trial_kwargs = tree_map(on_cpu, (tuple(args), dict(kwargs or {})))
     if entry.generator_arg is not None:  # a sampler draws from a throwaway generator
         trial_kwargs[entry.generator_arg] = torch.Generator()
     try:
         with _disable_current_modes(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the trial's own (an out= tensor resized): the real call warns
-            entry.op(*trial_args, **trial_kwargs)
+            # the trial's own warnings (an out= tensor resized), Python's and C++'s: the real call warns
+            warnings.simplefilter("ignore")
+            _native.call_quietly("", entry.op, *trial_args, **trial_kwargs)
     except Exception as error:  # noqa: BLE001 - only an overlap refusal is the call's
         return _OVERLAP in str(error)
     return False

@@ -24,13 +24,13 @@ from . import sink as _sync
 from .indices import DeviceMismatchError, check_ordinal, current_index, mismatch
 from .op_record import OpRecord
 from . import overlap
-from .location import capture_location
+from .location import capture_location, warn_at_user_line
 from .counters import COUNTERS
 from .op_table import op_entry
 from .execution_queue import QUEUE
 from .rng import GENERATOR, generator_twin
 from .reasons import Flush
-from .shapes import NO_META, SHAPE_CACHE, SHAPE_CACHE_SIZE, MetaRejected, infer
+from .shapes import NO_META, RESIZED_WARNING, SHAPE_CACHE, SHAPE_CACHE_SIZE, MetaRejected, infer
 from .storage import DeviceStorage, storage_nbytes
 from .streams import STATE as _STREAMS
 from .tensor import describe, device_tensor, reference, storage_of
@@ -276,6 +276,8 @@ def _resize_outputs(resized, args, kwargs):
     the right size (growing from empty is the common case: ``torch.arange(n, out=...)``)."""
     for index, name, spec in resized:
         tensor = args[index] if index < len(args) else kwargs[name]
+        if tensor.numel() and tuple(tensor.shape) != tuple(spec.shape):
+            _warn_resized(tensor.shape, spec.shape)
         offset = tensor.storage_offset()
         needed = (storage_nbytes(spec.shape, spec.stride, 1) + offset) * tensor.element_size()
         if spec.dtype == tensor.dtype and tensor.untyped_storage().nbytes() >= needed:
@@ -284,6 +286,17 @@ def _resize_outputs(resized, args, kwargs):
         storage = DeviceStorage(spec.shape, spec.stride, spec.dtype, spec.nbytes)
         fresh = device_tensor(spec.shape, spec.stride, spec.dtype, storage, spec.nbytes)
         set_metadata(tensor, fresh.untyped_storage(), 0, spec.shape, spec.stride)
+
+
+def _warn_resized(shape, required) -> None:
+    """ATen's warning for an out= tensor with elements resized (resize_output), at each
+    call as the CPU gives it."""
+    warn_at_user_line(
+        f"{RESIZED_WARNING} since it had shape {list(shape)}, which does not match the required output shape "
+        f"{list(required)}. This behavior is deprecated, and in a future PyTorch release outputs will not be "
+        "resized unless they have zero elements. You can explicitly reuse an out tensor t by resizing it, "
+        "inplace, to zero elements with t.resize_(0)."
+    )
 
 
 def _mutated_storages(entry, args, kwargs):

@@ -22,6 +22,7 @@ import warnings
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from . import _C as _native
 from . import cost_model
 from .storage import storage_nbytes
 
@@ -245,8 +246,8 @@ def check_on_cpu(entry, meta_args, meta_kwargs) -> None:
         kwargs[entry.generator_arg] = torch.Generator()
     try:
         with _disable_current_modes(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the trial's own (an out= tensor resized)
-            entry.op(*args, **kwargs)
+            warnings.simplefilter("ignore")  # the trial's own (an out= tensor resized), Python's and C++'s
+            _native.call_quietly("", entry.op, *args, **kwargs)
     except Exception as error:  # noqa: BLE001 - the CPU refuses these arguments
         raise MetaRejected(error) from error
 
@@ -273,6 +274,10 @@ def _device_tensor_bytes(values, is_device):
             yield from _device_tensor_bytes(value, is_device)
 
 
+# How ATen's resize_output's warning starts (Resize.cpp), for an out= tensor with elements
+RESIZED_WARNING = "An output with one or more elements was resized"
+
+
 def infer(entry, args, kwargs, is_device=lambda value: False) -> Inference | str:
     """Shape inference for ``entry.op`` called on ``args``/``kwargs``; ``is_device`` tells
     device tensors apart (their bytes are kept per argument, for fusion's accounting)."""
@@ -288,9 +293,13 @@ def infer(entry, args, kwargs, is_device=lambda value: False) -> Inference | str
         if isinstance(target, torch.Tensor) and torch._debug_has_internal_overlap(target) == 1:
             raise MetaRejected(RuntimeError("written-to tensor has internal overlap"))
     try:
-        with _disable_current_modes():
+        with _disable_current_modes(), warnings.catch_warnings():
+            # an out= tensor resized: the recorder warns at each call, as the CPU does, where
+            # the meta kernel would warn on a cache miss only (recorder._resize_outputs)
+            warnings.filterwarnings("ignore", message=RESIZED_WARNING)  # Python meta kernels'; C++ ones':
             override = META_OVERRIDES.get(op)
-            result = override(op, meta_args, meta_kwargs) if override else op(*meta_args, **meta_kwargs)
+            result = (override(op, meta_args, meta_kwargs) if override
+                      else _native.call_quietly(RESIZED_WARNING, op, *meta_args, **meta_kwargs))
     except NotImplementedError:
         return NO_META
     except Exception as error:  # the meta kernel rejected these arguments

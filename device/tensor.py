@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from . import _C as _native
+from .errors import users_error
 from .storage import DeviceStorage, ReinterpretRef, ViewRef
 
 NEURON = torch.device("neuron", 0)
@@ -39,26 +40,48 @@ describe = _native.describe
 device_tensor = _native.empty
 
 
+# offset_of(tensor) -> where a neuron tensor starts in its storage's allocation, in its
+# own elements (its storage offset, plus a storage view's offset in the allocation), or
+# -1 when that is not a whole number of elements.
+offset_of = _native.offset_of
+
+
 def storage_of(tensor: torch.Tensor) -> DeviceStorage:
     """A neuron tensor's DeviceStorage, made now for a storage ATen allocated that Python
-    has not met (``torch.UntypedStorage(n, device="neuron")``)."""
+    has not met (``torch.UntypedStorage(n, device="neuron")``), of its whole allocation
+    (the tensor's storage may be a view of it, ``storage[a:b]``)."""
     storage = _native.side_of(tensor)
     if storage is None:
-        storage = _native.attach(tensor, DeviceStorage.of_bytes(tensor.untyped_storage().nbytes()))
+        storage = _native.attach(tensor, DeviceStorage.of_bytes)
     return storage
 
 
 def reference(tensor: torch.Tensor, signature, storage: DeviceStorage, covers: bool):
     """What a kernel reads for ``tensor``: its storage when it covers it exactly, else its
     place in it (``ViewRef``), or, for another dtype or a conjugate/negative bit, a
-    ``ReinterpretRef``."""
+    ``ReinterpretRef``. The place is in the storage's whole allocation: a tensor over a
+    storage view (``untyped_storage()[a:b]``) starts where the view does."""
     if covers:
         return storage
     shape, stride, dtype = signature
+    offset = offset_of(tensor)
+    if offset < 0:  # starts inside an element: fine only when it reads nothing
+        if tensor.numel():
+            raise _misaligned(tensor)
+        offset = 0
     conj, neg = tensor.is_conj(), tensor.is_neg()
     if dtype is storage.dtype and not conj and not neg:
-        return ViewRef(storage, shape, stride, tensor.storage_offset())
-    return ReinterpretRef(storage, shape, stride, tensor.storage_offset(), dtype, conj, neg)
+        return ViewRef(storage, shape, stride, offset)
+    return ReinterpretRef(storage, shape, stride, offset, dtype, conj, neg)
+
+
+def _misaligned(tensor: torch.Tensor) -> Exception:
+    return users_error(NotImplementedError(
+        f"a {tensor.dtype} tensor over a storage view that starts inside an element of the "
+        f"storage it views (a view made by untyped_storage()[a:b] with a not a multiple of "
+        f"{tensor.element_size()}) is not supported on the neuron device; slice the storage "
+        "at a whole element, or copy the bytes to the CPU first"
+    ))
 
 
 def cpu_view(tensor: torch.Tensor) -> torch.Tensor:

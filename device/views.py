@@ -49,8 +49,11 @@ def set_metadata(tensor: torch.Tensor, untyped_storage, offset: int, shape, stri
 def _grow(tensor: torch.Tensor, nbytes: int) -> None:
     """Make ``tensor``'s storage at least ``nbytes`` long, keeping its bytes (as ATen grows
     a storage in ``resize_``)."""
-    if tensor.untyped_storage().nbytes() >= nbytes:
+    untyped = tensor.untyped_storage()
+    if untyped.nbytes() >= nbytes:
         return
+    if not untyped.resizable():  # a storage view (storage[a:b]): the CPU's error
+        raise users_error(RuntimeError("Trying to resize storage that is not resizable"))
     _sync.synchronize(Flush.RESIZE)
     storage_of(tensor).resize_bytes(nbytes)
     _native.regrow(tensor, nbytes)
@@ -106,11 +109,8 @@ def run_metadata(entry, args, kwargs):
             f"device \"{untyped.device}\". This is no longer allowed; the devices must match."
         )
     needed = (storage_nbytes(tuple(shape), tuple(stride), 1) + offset) * tensor.element_size() if all(shape) else 0
-    if untyped.nbytes() < needed:
-        raise RuntimeError(
-            f"setStorage: sizes {list(shape)}, strides {list(stride)}, storage offset {offset}, and itemsize "
-            f"{tensor.element_size()} requiring a storage size of {needed} are out of bounds for storage of size "
-            f"{untyped.nbytes()}"
-        )
+    if untyped.nbytes() < needed:  # the CPU's set_ grows the storage (resize_impl_cpu_)
+        set_metadata(tensor, untyped, 0, (0,), (1,))
+        _grow(tensor, needed)
     set_metadata(tensor, untyped, offset, shape, stride)
     return tensor

@@ -2,6 +2,7 @@
 printing, copies, dtypes, devices, serialization."""
 import copy
 import io
+import warnings
 
 import pytest
 import torch
@@ -153,6 +154,37 @@ def test_resize_and_out_argument():
     r = torch.zeros(2, device="neuron")
     r.resize_(4)
     assert r.shape == (4,)
+
+
+def _resize_warnings(device, call, times=2):
+    """The warnings of ``call`` run ``times`` times: (file name, line, message) each, the
+    message without the CPU's "(Triggered internally at ...)" note."""
+    seen = []
+    for _ in range(times):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            call(device)
+            torch.neuron.synchronize()
+        seen += [(w.filename, str(w.message).split(" (Triggered internally")[0]) for w in caught]
+    return seen
+
+
+def _cat_into_its_own_input(x):  # the out= tensor shares the inputs' storage: the overlap trial runs
+    torch.cat([x[:1], x[:1]], out=x[1:].reshape(9)[:3])
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch.cat([torch.ones(2, 3, device=d)] * 2, out=torch.empty(2, device=d)),
+    lambda d: torch.add(torch.ones(3, device=d), 1, out=torch.empty(2, 2, device=d)),
+    lambda d: torch.sort(torch.ones(4, 3, device=d), out=(torch.empty(2, device=d),
+                                                          torch.empty(2, dtype=torch.long, device=d))),
+    lambda d: _cat_into_its_own_input(torch.ones(4, 3, device=d)),
+    lambda d: torch.mul(torch.ones(2, device=d), 3, out=torch.empty(0, device=d)),
+], ids=["cat", "add", "sort_two_outputs", "cat_into_a_view_of_its_input_storage", "empty_out_no_warning"])
+def test_an_out_tensor_resized_warns_once_per_call_at_the_users_line_as_on_the_cpu(call):
+    expected = _resize_warnings("cpu", call)
+    assert _resize_warnings("neuron", call) == expected
+    assert all(filename == __file__ for filename, _ in expected) and len(expected) in (0, 2, 4)
 
 
 # -- autograd attributes ------------------------------------------------------------

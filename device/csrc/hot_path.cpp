@@ -1,6 +1,7 @@
 // The calls on the per-op hot path, one C call each (see module.cpp for the whole
-// extension): `empty` (a device tensor over a fresh storage) and `describe` (what the
-// dispatcher records of a tensor argument); and `user_facing`, the C function every
+// extension): `empty` (a device tensor over a fresh storage), `describe` (what the
+// dispatcher records of a tensor argument) and `offset_of` (where a view starts in its
+// storage's allocation); and `user_facing`, the C function every
 // Python kernel of the device is called through, which gives the user's errors no
 // device frames.
 
@@ -96,11 +97,12 @@ PyObject* describe(PyObject* /*module*/, PyObject* value) {
     Py_RETURN_NONE;
   }
   const c10::Storage& storage = tensor.storage();
-  Owner* owner = owner_of(storage);
+  size_t into = 0;  // a storage view's offset in its allocation
+  Owner* owner = owner_of(storage, &into);
   auto sizes = tensor.sizes();
   auto strides = tensor.strides();
   c10::ScalarType dtype = tensor.scalar_type();
-  bool covers = owner != nullptr && owner->has_layout && tensor.storage_offset() == 0 && dtype == owner->dtype &&
+  bool covers = owner != nullptr && owner->has_layout && into == 0 && tensor.storage_offset() == 0 && dtype == owner->dtype &&
                 sizes.equals(owner->sizes) && strides.equals(owner->strides) && !tensor.is_conj() &&
                 !tensor.is_neg();
   PyObject* signature;
@@ -117,6 +119,26 @@ PyObject* describe(PyObject* /*module*/, PyObject* value) {
   PyObject* result = PyTuple_Pack(3, signature, side, covers ? Py_True : Py_False);
   Py_DECREF(signature);
   return result;
+}
+
+// offset_of(tensor) -> where a neuron tensor starts in its storage's allocation, in its
+// own elements: its storage offset, plus the offset of a storage view (`storage[a:b]`)
+// in the allocation it is a view of; -1 when that offset is not a whole number of
+// elements (a view at byte 3 under a float32 tensor).
+PyObject* offset_of(PyObject* /*module*/, PyObject* value) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK(THPVariable_Check(value), "offset_of: a tensor expected");
+  const at::Tensor& tensor = THPVariable_Unpack(value);
+  size_t into = 0;
+  if (tensor.has_storage()) {
+    owner_of(tensor.storage(), &into);
+  }
+  auto itemsize = static_cast<size_t>(tensor.element_size());
+  if (into % itemsize != 0) {
+    return PyLong_FromLong(-1);
+  }
+  return PyLong_FromLongLong(tensor.storage_offset() + static_cast<int64_t>(into / itemsize));
+  END_HANDLE_TH_ERRORS
 }
 
 // user_facing(kernel): the kernel as PyTorch calls it, a C function bound to the Python
@@ -155,6 +177,7 @@ PyObject* user_facing(PyObject* /*module*/, PyObject* kernel) {
 PyMethodDef hot_methods[] = {
     {"user_facing", user_facing, METH_O, "Wrap a Python kernel so the user's errors leave it without device frames."},
     {"describe", describe, METH_O, "What the dispatcher records of a tensor argument (see hot_path.cpp)."},
+    {"offset_of", offset_of, METH_O, "Where a neuron tensor starts in its storage's allocation, in elements (see hot_path.cpp)."},
     {"empty", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(empty)), METH_FASTCALL,
      "A device tensor over a fresh storage (see hot_path.cpp)."},
     {nullptr, nullptr, 0, nullptr},

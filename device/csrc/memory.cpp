@@ -21,8 +21,8 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <map>
 #include <mutex>
-#include <unordered_map>
 #include <unordered_set>
 
 namespace neuron {
@@ -76,11 +76,35 @@ namespace {
 
 std::atomic<uintptr_t> next_address{uintptr_t(1) << 44};
 
-// Live allocations by address, for storages ATen makes over a device address it got from
-// another storage (`at::from_blob(storage.data_ptr())`, as torch.save does to copy a
-// storage to the host): they alias that allocation.
+// Live allocations by start address, for storages ATen makes over a device address it got
+// from another storage: `at::from_blob(storage.data_ptr())` (torch.save copies a storage
+// to the host so) aliases the whole allocation, and a sliced UntypedStorage
+// (`storage[a:b]`, a storage view) starts inside it. Ordered, so the allocation holding
+// an address is the last one starting at or before it.
 std::mutex addresses_mutex;
-std::unordered_map<uintptr_t, Owner*> owners_by_address;
+std::map<uintptr_t, Owner*> owners_by_address;
+
+// The live allocation holding [address, address + nbytes), and the offset of `address` in
+// it; nullptr when no allocation holds it. A storage of no bytes may start at the very end
+// of its allocation (`storage[n:]`); one at an allocation's own address is that
+// allocation's, whatever its size (as the exact-address map answered). The caller holds
+// addresses_mutex.
+Owner* containing(uintptr_t address, size_t nbytes, size_t* offset) {
+  auto after = owners_by_address.upper_bound(address);
+  if (after == owners_by_address.begin()) {
+    return nullptr;
+  }
+  auto found = std::prev(after);
+  Owner* owner = found->second;
+  size_t into = address - found->first;
+  if (into != 0 && (into > owner->nbytes || nbytes > owner->nbytes - into)) {
+    return nullptr;
+  }
+  if (offset != nullptr) {
+    *offset = into;
+  }
+  return owner;
+}
 
 void release_owner(void* context) {
   auto* owner = static_cast<Owner*>(context);
@@ -124,13 +148,17 @@ c10::DataPtr device_data_ptr(size_t nbytes, Owner* owner) {
     uintptr_t at = next_address.fetch_add(span);
     address = reinterpret_cast<void*>(at);
     owner->address = at;
+    owner->nbytes = nbytes;
     std::lock_guard<std::mutex> lock(addresses_mutex);
     owners_by_address[at] = owner;
   }
   return c10::DataPtr(address, owner, &release_owner, c10::Device(kDevice, owner->index));
 }
 
-Owner* owner_of(const c10::Storage& storage) {
+Owner* owner_of(const c10::Storage& storage, size_t* offset) {
+  if (offset != nullptr) {
+    *offset = 0;
+  }
   if (!storage) {
     return nullptr;
   }
@@ -142,17 +170,19 @@ Owner* owner_of(const c10::Storage& storage) {
     return nullptr;
   }
   std::lock_guard<std::mutex> lock(addresses_mutex);
-  auto found = owners_by_address.find(reinterpret_cast<uintptr_t>(data_ptr.get()));
-  return found == owners_by_address.end() ? nullptr : found->second;
+  return containing(reinterpret_cast<uintptr_t>(data_ptr.get()), storage.nbytes(), offset);
 }
 
 c10::DeviceIndex index_of_address(void* address) {
   std::lock_guard<std::mutex> lock(addresses_mutex);
-  auto found = owners_by_address.find(reinterpret_cast<uintptr_t>(address));
-  return found == owners_by_address.end() ? current_index() : found->second->index;
+  Owner* owner = containing(reinterpret_cast<uintptr_t>(address), 0, nullptr);
+  return owner == nullptr ? current_index() : owner->index;
 }
 
 void resize_storage_bytes(const c10::Storage& storage, size_t newsize) {
+  // the CPU's error (resize_bytes_cpu): a storage view (`storage[a:b]`) or one made over
+  // another storage's address does not own its allocation
+  TORCH_CHECK(storage.resizable(), "Trying to resize storage that is not resizable");
   Owner* old_owner = owner_of(storage);
   TORCH_CHECK(old_owner != nullptr, "resize_: this storage was not allocated by the neuron device");
   TORCH_CHECK(callbacks.resize != nullptr, "the neuron device is not initialized");
@@ -177,13 +207,17 @@ c10::Allocator* device_allocator() {
   return &the_device_allocator;
 }
 
-// attach(tensor, side): give a storage Python has not seen yet (allocated by ATen) its
-// Python side. Returns the side the storage now has (an earlier one wins).
-py::object attach(const at::Tensor& tensor, py::object side) {
+// attach(tensor, make_side): give a storage Python has not seen yet (allocated by ATen, or
+// a storage view of such a one) its Python side, `make_side(nbytes)` of its whole
+// allocation. Returns the side the storage now has (an earlier one wins).
+py::object attach(const at::Tensor& tensor, py::object make_side) {
   Owner* owner = owner_of(tensor.storage());
   TORCH_CHECK(owner != nullptr, "this storage was not allocated by the neuron device");
   if (owner->side == nullptr) {
-    owner->side = side.release().ptr();
+    py::object side = make_side(static_cast<Py_ssize_t>(owner->nbytes));
+    if (owner->side == nullptr) {  // make_side ran Python: another thread may have attached one
+      owner->side = side.release().ptr();
+    }
   }
   return py::reinterpret_borrow<py::object>(owner->side);
 }

@@ -21,14 +21,45 @@
 //   through without device frames.
 // - views.cpp: the view kernels that never enter Python (`view`, `as_strided`,
 //   `_reshape_alias`: metadata only, at::native's own functions, as the CPU runs them).
-// - module.cpp (this file): the Python module.
+// - module.cpp (this file): the Python module, and `call_quietly` (a call whose C++
+//   warnings are dropped: the device's own trials of an op).
 
 #include "neuron.h"
 
+#include <c10/util/Exception.h>
 #include <torch/csrc/utils/pybind.h>
+
+#include <string>
 
 namespace neuron {
 namespace {
+
+// call_quietly(prefix, fn, *args, **kwargs) -> fn(*args, **kwargs), dropping the C++
+// warnings (TORCH_WARN) raised meanwhile whose message starts with `prefix` ("": all).
+// The device's trials on the CPU and its meta runs call ATen ops through pybind11, which
+// hands their C++ warnings to the boundary of the user's call: they would reach the user
+// after `warnings.catch_warnings()` ended, besides the warning of the real call.
+class Dropping final : public c10::WarningHandler {
+ public:
+  Dropping(std::string prefix, c10::WarningHandler* next) : prefix_(std::move(prefix)), next_(next) {}
+  void process(const c10::Warning& warning) override {
+    if (warning.msg().compare(0, prefix_.size(), prefix_) == 0) {
+      return;
+    }
+    next_->process(warning);
+  }
+
+ private:
+  std::string prefix_;
+  c10::WarningHandler* next_;
+};
+
+py::object call_quietly(const std::string& prefix, const py::function& fn, const py::args& args,
+                        const py::kwargs& kwargs) {
+  Dropping handler(prefix, c10::WarningUtils::get_warning_handler());
+  c10::WarningUtils::WarningHandlerGuard guard(&handler);
+  return fn(*args, **kwargs);
+}
 
 // current_device() / exchange_device(index) -> previous: the calling thread's device.
 int current_device() {
@@ -52,5 +83,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("current_device", &neuron::current_device);
   m.def("exchange_device", &neuron::exchange_device);
   m.def("view_count", &neuron::view_count);
+  m.def("call_quietly", &neuron::call_quietly);
   PyModule_AddFunctions(m.ptr(), neuron::hot_methods);
 }

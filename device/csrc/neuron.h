@@ -56,6 +56,7 @@ struct Owner {
   PyObject* side = nullptr;
   PyObject* signature = nullptr;  // (shape, stride, dtype) of its layout, made on first use
   uintptr_t address = 0;  // its key in the address map (0: none, an empty allocation)
+  size_t nbytes = 0;      // the allocation's size in bytes
   c10::DeviceIndex index = current_index();  // the device it lives on (the current one)
   bool has_layout = false;
   std::vector<int64_t> sizes;
@@ -65,10 +66,12 @@ struct Owner {
 
 // A DataPtr of `nbytes` at a fresh device address, whose context `owner` it takes.
 c10::DataPtr device_data_ptr(size_t nbytes, Owner* owner);
-// The Owner of a device storage (also of one ATen made over another storage's address),
-// or nullptr for a storage the device did not allocate.
-Owner* owner_of(const c10::Storage& storage);
-// The device index of the allocation at `address`, or the current one for an unknown address.
+// The Owner of a device storage, also of one ATen made over an address inside another
+// storage's allocation (a storage view, `storage[a:b]`, or `at::from_blob`), or nullptr
+// for a storage the device did not allocate. `offset`, when given, receives the byte
+// offset of the storage's data in the allocation (0 for the allocation's own storage).
+Owner* owner_of(const c10::Storage& storage, size_t* offset = nullptr);
+// The device index of the allocation holding `address`, or the current one for an unknown address.
 c10::DeviceIndex index_of_address(void* address);
 // storage.resize_(newsize): a new address of the new size; the Python side resizes the bytes.
 void resize_storage_bytes(const c10::Storage& storage, size_t newsize);
