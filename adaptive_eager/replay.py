@@ -33,13 +33,17 @@ call) always run the FX code. Fault injection replays: faults strike on the devi
 """
 from __future__ import annotations
 
+from operator import itemgetter
+
 import torch
 
 from adaptive_eager_device.op_record import OpRecord
 from adaptive_eager_device.counters import COUNTERS
 from adaptive_eager_device.execution_queue import QUEUE
 from adaptive_eager_device.rng import GENERATOR
-from adaptive_eager_device.storage import MEMORY, DeviceStorage, ReinterpretRef, ViewRef, storage_nbytes
+from adaptive_eager_device.storage import (
+    MEMORY, DeviceStorage, ReinterpretRef, ViewRef, rounded_nbytes, storage_nbytes,
+)
 from adaptive_eager_device.streams import STATE as _STREAMS
 from adaptive_eager_device.tensor import describe, device_tensor, storage_of
 
@@ -123,7 +127,7 @@ class Template:
     """One recorded call of a graph, replayable for calls with the same input signature
     (module docstring)."""
 
-    __slots__ = ("slots", "records", "outputs", "ops")
+    __slots__ = ("slots", "records", "outputs", "ops", "table", "inputs", "hosts", "fresh", "layouts", "total")
 
     def __init__(self, recording: Recording, outputs, args_after, gm) -> None:
         records = recording.records
@@ -184,28 +188,45 @@ class Template:
         if allocated != len(produced) + fresh:
             raise NotReplayable("the call allocated storages its records do not account for")
         self.ops = len(self.records)
+        self._plan_binding()
+
+    def _plan_binding(self) -> None:
+        """What ``bind`` does at every call, sorted once: the constants' table (one entry
+        per slot, and a last one, None, for the results a record does not make), where
+        inputs and host inputs go, and the fresh storages' layouts, booked together."""
+        self.table = [None] * (len(self.slots) + 1)
+        inputs, hosts, fresh, layouts = [], [], [], []
+        for number, slot in enumerate(self.slots):
+            if type(slot) is _Fresh:
+                fresh.append((number, slot))
+                layouts.append((slot.shape, slot.stride, slot.dtype, rounded_nbytes(slot.nbytes)))
+            elif slot[0] == "input":
+                inputs.append((number, slot[1]))
+            elif slot[0] == "host":
+                hosts.append((number, slot[1]))
+            else:
+                self.table[number] = slot[1]
+        self.inputs, self.hosts, self.fresh, self.layouts = tuple(inputs), tuple(hosts), tuple(fresh), tuple(layouts)
+        self.total = sum(layout[3] for layout in layouts)
 
     def bind(self, args, storages):
         """The slot table for a call: input storages, constants, fresh allocations (may
         raise ``torch.OutOfMemoryError``, before anything is issued), and the output
         tensors' bases (slot -> the tensor over that storage)."""
-        table = []
+        made = DeviceStorage.allocate_all(self.layouts, self.total)
+        table = self.table.copy()
         bases = {}
-        for number, slot in enumerate(self.slots):
-            if type(slot) is _Fresh:
-                storage = DeviceStorage(slot.shape, slot.stride, slot.dtype, slot.nbytes)
-                if slot.escapes:
-                    bases[number] = device_tensor(slot.shape, slot.stride, slot.dtype, storage, slot.nbytes)
-                else:
-                    storage.alive = False  # no PrivateUse1 storage: nothing references it
-                table.append(storage)
-            elif slot[0] == "input":
-                table.append(storages[slot[1]])
-                bases[number] = args[slot[1]]
-            elif slot[0] == "host":
-                table.append(args[slot[1]].clone())  # the host may change it before the kernel runs
+        for (number, slot), storage in zip(self.fresh, made):
+            table[number] = storage
+            if slot.escapes:
+                bases[number] = device_tensor(slot.shape, slot.stride, slot.dtype, storage, slot.nbytes)
             else:
-                table.append(slot[1])
+                storage.alive = False  # no PrivateUse1 storage: nothing references it
+        for number, k in self.inputs:
+            table[number] = storages[k]
+            bases[number] = args[k]
+        for number, k in self.hosts:
+            table[number] = args[k].clone()  # the host may change it before the kernel runs
         return table, bases
 
     def outputs_for(self, args, table, bases) -> list:
@@ -296,38 +317,85 @@ def _output_specs(outputs, storages, args, slot):
 
 
 class _RecordTemplate:
-    """One record of a template, its storages as slots."""
+    """One record of a template, its storages as slots, sorted once by how each argument
+    is bound (``bind`` runs at every replayed call, for every op): ``args`` holds the
+    constant arguments; ``slot_args`` puts a storage at a position, ``list_args`` a list
+    of storages (a foreach op's), ``other_args`` anything else with a slot in it (views,
+    nested lists); ``reads``, ``writes`` and ``results`` take their storages from the
+    table in one call (``_getter``)."""
 
-    __slots__ = ("op", "args", "kwargs", "nested", "reads", "writes", "results", "location", "cost", "signature",
-                 "signature_id")
+    __slots__ = ("op", "args", "slot_args", "list_args", "other_args", "kwargs", "bound_kwargs", "nested", "reads",
+                 "writes", "results", "location", "cost", "signature", "signature_id")
 
     def __init__(self, record, slot, host) -> None:
         for value in record.kwargs.values():
             if isinstance(value, torch.Generator):
                 raise NotReplayable("the graph draws random numbers")  # RNG order: run as eager
         self.op = record.op
-        self.args = [_template(value, slot, host) for value in record.args]
+        args = [_template(value, slot, host) for value in record.args]
+        slot_args, list_args, other_args = [], [], []
+        for position, value in enumerate(args):
+            kind = type(value)
+            if kind is _Slot:
+                slot_args.append((position, value.n))
+            elif (kind is list or kind is tuple) and value and all(type(item) is _Slot for item in value):
+                list_args.append((position, kind, _getter([item.n for item in value])))
+            elif kind in _COMPOUND:
+                other_args.append((position, value))
+            else:
+                continue
+            args[position] = None
+        self.args = args
+        self.slot_args, self.list_args, self.other_args = tuple(slot_args), tuple(list_args), tuple(other_args)
         self.kwargs = {name: _template(value, slot, host) for name, value in record.kwargs.items()}
+        self.bound_kwargs = tuple(name for name, value in self.kwargs.items()
+                                  if type(value) is _Slot or type(value) in _COMPOUND)
         self.nested = record.nested
-        self.reads = tuple(slot(s).n for s in record.reads)
-        self.writes = tuple(slot(s).n for s in record.writes)
-        self.results = tuple(None if s is None else slot(s).n for s in record.results)
+        self.reads = _getter([slot(s).n for s in record.reads])
+        self.writes = _getter([slot(s).n for s in record.writes])
+        self.results = _getter([-1 if s is None else slot(s).n for s in record.results])  # table[-1] is None
         self.location = record.location
         self.cost = record.cost
         self.signature = record.signature
         self.signature_id = record.signature_id
 
     def bind(self, table, stream, issue) -> OpRecord:
-        args = [table[a.n] if type(a) is _Slot else (_bound(a, table) if type(a) in _COMPOUND else a)
-                for a in self.args]
+        args = self.args.copy()
+        for position, n in self.slot_args:
+            args[position] = table[n]
+        for position, kind, get in self.list_args:
+            args[position] = kind(get(table))
+        for position, value in self.other_args:
+            args[position] = _bound(value, table)
         kwargs = self.kwargs
-        if kwargs:
-            kwargs = {name: _bound(value, table) for name, value in kwargs.items()}
+        if self.bound_kwargs:
+            kwargs = kwargs.copy()
+            for name in self.bound_kwargs:
+                kwargs[name] = _bound(kwargs[name], table)
         return OpRecord(
-            self.op, args, kwargs, self.nested, [table[n] for n in self.reads], tuple(table[n] for n in self.writes),
-            [None if n is None else table[n] for n in self.results], self.location, self.cost, self.signature,
-            self.signature_id, stream, issue,
+            self.op, args, kwargs, self.nested, self.reads(table), self.writes(table), self.results(table),
+            self.location, self.cost, self.signature, self.signature_id, stream, issue,
         )
+
+
+def _no_storages(table) -> tuple:
+    return ()
+
+
+def _getter(numbers):
+    """``table -> tuple`` of the table's entries at ``numbers``, in one call."""
+    if not numbers:
+        return _no_storages
+    if len(numbers) == 1:
+        return _one(numbers[0])
+    return itemgetter(*numbers)
+
+
+def _one(number):
+    def get(table) -> tuple:
+        return (table[number],)
+
+    return get
 
 
 class _ViewSlot:

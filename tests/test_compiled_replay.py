@@ -297,6 +297,42 @@ def test_a_replay_that_cannot_allocate_runs_the_fx_code_which_raises_at_the_op_a
     assert compiled()["replays"] == 1
 
 
+def _books():
+    from adaptive_eager_device.storage import MEMORY
+
+    return MEMORY.allocations, MEMORY.live_blocks, torch.neuron.memory_allocated()
+
+
+def test_a_replay_books_the_memory_the_recorded_call_booked():
+    """A replay books all of a call's storages at once (``DeviceStorage.allocate_all``):
+    as many allocations, live blocks, bytes and peak as the recorded call's one by one."""
+    def f(x, w):
+        h = torch.relu(x @ w)
+        return (h * 3).sum(1), h.t() + 1
+
+    g = torch.compile(f)
+    x, w = torch.randn(64, 48), torch.randn(48, 80)
+    dx, dw = x.to("neuron"), w.to("neuron")
+    figures = []
+    for _ in range(3):
+        torch.neuron.synchronize()
+        torch.neuron.reset_peak_memory_stats()
+        before = _books()
+        outputs = g(dx, dw)
+        during = _books()
+        peak = torch.neuron.max_memory_allocated()
+        torch.neuron.synchronize()
+        after = _books()
+        figures.append(([b - a for a, b in zip(before, during)], peak - before[2],
+                        [b - a for a, b in zip(before, after)][1:]))
+        for got, want in zip(outputs, f(x, w)):
+            torch.testing.assert_close(got.cpu(), want)
+        del outputs
+    assert compiled()["replays"] == 2
+    assert figures[1] == figures[0] and figures[2] == figures[0]
+    assert figures[0][0][0] > 2 and figures[0][1] > 0
+
+
 def _resizing_graph():
     from torch.fx.experimental.proxy_tensor import make_fx
 
