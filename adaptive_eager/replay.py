@@ -127,7 +127,8 @@ class Template:
     """One recorded call of a graph, replayable for calls with the same input signature
     (module docstring)."""
 
-    __slots__ = ("slots", "records", "outputs", "ops", "table", "inputs", "hosts", "fresh", "layouts", "total")
+    __slots__ = ("slots", "records", "outputs", "ops", "table", "inputs", "hosts", "fresh", "layouts", "total",
+                 "skeleton", "written")
 
     def __init__(self, recording: Recording, outputs, args_after, gm) -> None:
         records = recording.records
@@ -189,6 +190,7 @@ class Template:
             raise NotReplayable("the call allocated storages its records do not account for")
         self.ops = len(self.records)
         self._plan_binding()
+        self._plan_structure()
 
     def _plan_binding(self) -> None:
         """What ``bind`` does at every call, sorted once: the constants' table (one entry
@@ -208,6 +210,48 @@ class Template:
                 self.table[number] = slot[1]
         self.inputs, self.hosts, self.fresh, self.layouts = tuple(inputs), tuple(hosts), tuple(fresh), tuple(layouts)
         self.total = sum(layout[3] for layout in layouts)
+
+    def _plan_structure(self) -> None:
+        """The window's plan-cache key (``AdaptiveSink._structure``) as far as every call
+        shares it: storages numbered in order of first appearance (the slots' aliasing is
+        fixed by the input signature), and the escape bits of the storages a call makes (an
+        output's is referenced, another's is not). Only a write to an input or a constant
+        depends on the call (is that storage still referenced?): ``written`` lists those
+        entries, which ``structure`` fills in."""
+        local: dict = {}
+        parts: list = []
+        written = []
+        for template in self.records:
+            reads, writes, results = template.numbers
+            parts.append(-template.signature_id)
+            for n in reads:
+                if n not in local:
+                    local[n] = len(local)
+                parts.append(local[n])
+            for n in writes:
+                if n not in local:
+                    local[n] = len(local)
+                slot = self.slots[n]
+                if type(slot) is _Fresh:
+                    parts.append(local[n] if slot.escapes else ~local[n])  # dead writes are not written back
+                else:
+                    written.append((len(parts), n))
+                    parts.append(local[n])
+            for n in results:
+                if n == -1:
+                    parts.append(None)
+                else:
+                    local[n] = number = len(local)
+                    parts.append(~number if self.slots[n].escapes else number)
+        self.skeleton, self.written = parts, tuple(written)
+
+    def structure(self, table) -> tuple:
+        """This call's plan-cache key: ``AdaptiveSink._structure`` of its records."""
+        parts = self.skeleton.copy()
+        for at, n in self.written:
+            if not table[n].alive:
+                parts[at] = ~parts[at]
+        return tuple(parts)
 
     def bind(self, args, storages):
         """The slot table for a call: input storages, constants, fresh allocations (may
@@ -325,7 +369,7 @@ class _RecordTemplate:
     table in one call (``_getter``)."""
 
     __slots__ = ("op", "args", "slot_args", "list_args", "other_args", "kwargs", "bound_kwargs", "nested", "reads",
-                 "writes", "results", "location", "cost", "signature", "signature_id")
+                 "writes", "results", "numbers", "location", "cost", "signature", "signature_id")
 
     def __init__(self, record, slot, host) -> None:
         for value in record.kwargs.values():
@@ -351,9 +395,9 @@ class _RecordTemplate:
         self.bound_kwargs = tuple(name for name, value in self.kwargs.items()
                                   if type(value) is _Slot or type(value) in _COMPOUND)
         self.nested = record.nested
-        self.reads = _getter([slot(s).n for s in record.reads])
-        self.writes = _getter([slot(s).n for s in record.writes])
-        self.results = _getter([-1 if s is None else slot(s).n for s in record.results])  # table[-1] is None
+        self.numbers = (tuple(slot(s).n for s in record.reads), tuple(slot(s).n for s in record.writes),
+                        tuple(-1 if s is None else slot(s).n for s in record.results))  # table[-1] is None
+        self.reads, self.writes, self.results = (_getter(numbers) for numbers in self.numbers)
         self.location = record.location
         self.cost = record.cost
         self.signature = record.signature

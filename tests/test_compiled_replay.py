@@ -141,6 +141,70 @@ def test_replayed_training_steps_equal_cpu_and_the_fx_code_bit_for_bit(name):
         assert replayed[0] < ran[0]  # fewer ops through the per-op path
 
 
+def test_a_replays_plan_cache_key_is_the_one_its_records_make(monkeypatch):
+    """A replay hands its window's flush the key its template precomputed
+    (``Template.structure``); it must be ``_structure`` of the records it issued: storages
+    numbered alike, and the same escape bits (outputs escape, intermediates do not, a
+    written input's by whether it is still referenced)."""
+    from adaptive_eager.window import AdaptiveSink
+
+    flush = AdaptiveSink.flush
+    keys = []
+
+    def checked(self, reason, key=None):
+        if key is not None:
+            keys.append(key)
+            assert key == AdaptiveSink._structure(self.records)
+        return flush(self, reason, key)
+
+    monkeypatch.setattr(AdaptiveSink, "flush", checked)
+    torch.manual_seed(0)
+    adaptive_eager.reset_stats()
+    _train(Llama(vocab=64, dim=32, heads=2, hidden=48, layers=1), "neuron", 3)
+    stats = compiled()
+    assert len(keys) == stats["replays"] >= 6  # forward, backward, optimizer...: steps 2 and 3 replay
+
+
+def test_a_replays_key_marks_a_written_input_nothing_references_any_more(monkeypatch):
+    """The one escape bit a template cannot know in advance: whether an input it writes
+    in place is still referenced at the flush (if not, the write need not be written
+    back). ``Template.structure`` reads it from the call's storage, as ``_structure``."""
+    from adaptive_eager import compiler, replay
+    from adaptive_eager.window import AdaptiveSink
+
+    runners = []
+    init = compiler.GraphRunner.__init__
+
+    def kept(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        runners.append(self)
+
+    monkeypatch.setattr(compiler.GraphRunner, "__init__", kept)
+
+    def f(x, y):
+        x.mul_(2)
+        return x + y
+
+    g = torch.compile(f)
+    x, y = torch.randn(8, device="neuron"), torch.randn(8, device="neuron")
+    g(x, y)
+    (runner,) = runners
+    (template,) = [t for t in runner.templates.values() if type(t) is replay.Template]
+    args = [x, y]
+    _, storages = replay.input_signature(args)
+    table, _ = template.bind(args, storages)
+    records = template.issue(table)  # (never launched)
+    alive = template.structure(table)
+    assert alive == AdaptiveSink._structure(records)
+    written = storages[0]
+    written.alive = False  # as if nothing referenced x any more
+    try:
+        dead = template.structure(table)
+        assert dead == AdaptiveSink._structure(records) and dead != alive
+    finally:
+        written.alive = True
+
+
 def test_host_tensor_inputs_are_snapshotted_again_at_each_replay():
     g = torch.compile(lambda x: x.to("neuron") * 2)
     for value in (1.0, 2.0, 3.0):
