@@ -33,25 +33,19 @@ call) always run the FX code. Fault injection replays: faults strike on the devi
 """
 from __future__ import annotations
 
-from operator import itemgetter
-
 import torch
 
-from adaptive_eager_device.op_record import OpRecord
 from adaptive_eager_device.counters import COUNTERS
 from adaptive_eager_device.execution_queue import QUEUE
-from adaptive_eager_device.rng import GENERATOR
 from adaptive_eager_device.storage import (
-    MEMORY, DeviceStorage, ReinterpretRef, ViewRef, rounded_nbytes, storage_nbytes,
+    MEMORY, DeviceStorage, rounded_nbytes, storage_nbytes,
 )
 from adaptive_eager_device.streams import STATE as _STREAMS
 from adaptive_eager_device.tensor import describe, device_tensor, storage_of
 
+from .replay_records import NotReplayable, RecordTemplate, Slot
+
 _SCALARS = (int, float, bool, type(None))
-
-
-class NotReplayable(Exception):
-    """Why a call's template cannot be replayed (the fallback reason counted)."""
 
 
 def input_signature(args):
@@ -82,15 +76,6 @@ def input_signature(args):
                    (signature, number, value.storage_offset(), value.is_conj(), value.is_neg()))
         storages.append(storage)
     return tuple(key), storages
-
-
-class _Slot:
-    """A storage in a template's records: its index in the slot table."""
-
-    __slots__ = ("n",)
-
-    def __init__(self, n: int) -> None:
-        self.n = n
 
 
 class _Fresh:
@@ -153,7 +138,7 @@ class Template:
         produced = {s for record in records for s in record.results if s is not None}
         fresh = 0
 
-        def slot(storage) -> _Slot:
+        def slot(storage) -> Slot:
             nonlocal fresh
             number = index.get(storage)
             if number is None:
@@ -166,7 +151,7 @@ class Template:
                     if storage not in output_storages and storage.alive:
                         raise NotReplayable("an intermediate is still referenced after the call")
                     self.slots.append(_Fresh(storage, storage in output_storages))
-            return _Slot(number)
+            return Slot(number)
 
         def host(snapshot):
             """A host tensor argument: a snapshot of a host input, taken again at each
@@ -178,12 +163,12 @@ class Template:
                 if number is None:
                     number = host_slots[k] = len(self.slots)
                     self.slots.append(("host", k))
-                return _Slot(number)
+                return Slot(number)
             if host_inputs:
                 raise NotReplayable("a host tensor the graph computed on the host")
             return snapshot
 
-        self.records = tuple(_RecordTemplate(record, slot, host) for record in records)
+        self.records = tuple(RecordTemplate(record, slot, host) for record in records)
         self.outputs = tuple(_output_specs(outputs, recording.storages, args_after, slot))
         allocated = MEMORY.allocations - recording.allocations
         if allocated != len(produced) + fresh:
@@ -358,135 +343,3 @@ def _output_specs(outputs, storages, args, slot):
         if signature[2] is not storage.dtype or value.is_conj() or value.is_neg():
             raise NotReplayable("an output reinterprets its storage")
         yield ("tensor", slot(storage).n, signature[0], signature[1], value.storage_offset(), covers)
-
-
-class _RecordTemplate:
-    """One record of a template, its storages as slots, sorted once by how each argument
-    is bound (``bind`` runs at every replayed call, for every op): ``args`` holds the
-    constant arguments; ``slot_args`` puts a storage at a position, ``list_args`` a list
-    of storages (a foreach op's), ``other_args`` anything else with a slot in it (views,
-    nested lists); ``reads``, ``writes`` and ``results`` take their storages from the
-    table in one call (``_getter``)."""
-
-    __slots__ = ("op", "args", "slot_args", "list_args", "other_args", "kwargs", "bound_kwargs", "nested", "reads",
-                 "writes", "results", "numbers", "location", "cost", "signature", "signature_id")
-
-    def __init__(self, record, slot, host) -> None:
-        for value in record.kwargs.values():
-            if isinstance(value, torch.Generator):
-                raise NotReplayable("the graph draws random numbers")  # RNG order: run as eager
-        self.op = record.op
-        args = [_template(value, slot, host) for value in record.args]
-        slot_args, list_args, other_args = [], [], []
-        for position, value in enumerate(args):
-            kind = type(value)
-            if kind is _Slot:
-                slot_args.append((position, value.n))
-            elif (kind is list or kind is tuple) and value and all(type(item) is _Slot for item in value):
-                list_args.append((position, kind, _getter([item.n for item in value])))
-            elif kind in _COMPOUND:
-                other_args.append((position, value))
-            else:
-                continue
-            args[position] = None
-        self.args = args
-        self.slot_args, self.list_args, self.other_args = tuple(slot_args), tuple(list_args), tuple(other_args)
-        self.kwargs = {name: _template(value, slot, host) for name, value in record.kwargs.items()}
-        self.bound_kwargs = tuple(name for name, value in self.kwargs.items()
-                                  if type(value) is _Slot or type(value) in _COMPOUND)
-        self.nested = record.nested
-        self.numbers = (tuple(slot(s).n for s in record.reads), tuple(slot(s).n for s in record.writes),
-                        tuple(-1 if s is None else slot(s).n for s in record.results))  # table[-1] is None
-        self.reads, self.writes, self.results = (_getter(numbers) for numbers in self.numbers)
-        self.location = record.location
-        self.cost = record.cost
-        self.signature = record.signature
-        self.signature_id = record.signature_id
-
-    def bind(self, table, stream, issue) -> OpRecord:
-        args = self.args.copy()
-        for position, n in self.slot_args:
-            args[position] = table[n]
-        for position, kind, get in self.list_args:
-            args[position] = kind(get(table))
-        for position, value in self.other_args:
-            args[position] = _bound(value, table)
-        kwargs = self.kwargs
-        if self.bound_kwargs:
-            kwargs = kwargs.copy()
-            for name in self.bound_kwargs:
-                kwargs[name] = _bound(kwargs[name], table)
-        return OpRecord(
-            self.op, args, kwargs, self.nested, self.reads(table), self.writes(table), self.results(table),
-            self.location, self.cost, self.signature, self.signature_id, stream, issue,
-        )
-
-
-def _no_storages(table) -> tuple:
-    return ()
-
-
-def _getter(numbers):
-    """``table -> tuple`` of the table's entries at ``numbers``, in one call."""
-    if not numbers:
-        return _no_storages
-    if len(numbers) == 1:
-        return _one(numbers[0])
-    return itemgetter(*numbers)
-
-
-def _one(number):
-    def get(table) -> tuple:
-        return (table[number],)
-
-    return get
-
-
-class _ViewSlot:
-    __slots__ = ("n", "shape", "stride", "offset")
-
-    def __init__(self, n, ref: ViewRef) -> None:
-        self.n, self.shape, self.stride, self.offset = n, ref.shape, ref.stride, ref.offset
-
-
-class _ReinterpretSlot:
-    __slots__ = ("n", "ref")
-
-    def __init__(self, n, ref: ReinterpretRef) -> None:
-        self.n, self.ref = n, ref
-
-
-_COMPOUND = (_ViewSlot, _ReinterpretSlot, list, tuple)
-
-
-def _template(value, slot, host):
-    """A recorded argument with its storages (and host inputs' snapshots) as slots."""
-    kind = type(value)
-    if kind is DeviceStorage:
-        return slot(value)
-    if kind is ViewRef:
-        return _ViewSlot(slot(value.storage).n, value)
-    if kind is ReinterpretRef:
-        return _ReinterpretSlot(slot(value.storage).n, value)
-    if kind is list or kind is tuple:
-        return kind(_template(item, slot, host) for item in value)
-    if kind is torch.Tensor:
-        return host(value)
-    if value is GENERATOR:
-        raise NotReplayable("the graph draws random numbers")
-    return value
-
-
-def _bound(value, table):
-    """A template argument over a call's storages."""
-    kind = type(value)
-    if kind is _Slot:
-        return table[value.n]
-    if kind is _ViewSlot:
-        return ViewRef(table[value.n], value.shape, value.stride, value.offset)
-    if kind is _ReinterpretSlot:
-        ref = value.ref
-        return ReinterpretRef(table[value.n], ref.shape, ref.stride, ref.offset, ref.dtype, ref.conj, ref.neg)
-    if kind is list or kind is tuple:
-        return kind(_bound(item, table) for item in value)
-    return value
