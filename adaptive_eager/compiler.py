@@ -76,14 +76,14 @@ class _GraphSink(AdaptiveSink):
         super().__init__(_WholeGraph(), name="compiled", shared_caches=False)
         self.recording = None
 
-    def flush(self, reason: str) -> None:
+    def flush(self, reason: str, key: tuple | None = None) -> None:
         recording = self.recording
         if recording is not None:
             if reason == Flush.GRAPH:
                 recording.capture(self.records)
             else:
                 recording.early_flushes += 1
-        super().flush(reason)
+        super().flush(reason, key)
 
 
 class GraphRunner:
@@ -209,9 +209,10 @@ class GraphRunner:
             bases = None
             with HOST_LOCK:  # one issue order, as the per-op path issues under it
                 self.sink.records = template.issue(table)
-                table = None
                 args.clear()
-                self.sink.flush(Flush.GRAPH)
+                key = template.structure(table)  # (after args.clear: a written input may be dead now)
+                table = None
+                self.sink.flush(Flush.GRAPH, key)
         finally:
             _sync.set_sink(previous)
         entry = self.entry

@@ -35,19 +35,17 @@ from __future__ import annotations
 
 import torch
 
-from adaptive_eager_device.op_record import OpRecord
 from adaptive_eager_device.counters import COUNTERS
 from adaptive_eager_device.execution_queue import QUEUE
-from adaptive_eager_device.rng import GENERATOR
-from adaptive_eager_device.storage import MEMORY, DeviceStorage, ReinterpretRef, ViewRef, storage_nbytes
+from adaptive_eager_device.storage import (
+    MEMORY, DeviceStorage, rounded_nbytes, storage_nbytes,
+)
 from adaptive_eager_device.streams import STATE as _STREAMS
 from adaptive_eager_device.tensor import describe, device_tensor, storage_of
 
+from .replay_records import NotReplayable, RecordTemplate, Slot
+
 _SCALARS = (int, float, bool, type(None))
-
-
-class NotReplayable(Exception):
-    """Why a call's template cannot be replayed (the fallback reason counted)."""
 
 
 def input_signature(args):
@@ -78,15 +76,6 @@ def input_signature(args):
                    (signature, number, value.storage_offset(), value.is_conj(), value.is_neg()))
         storages.append(storage)
     return tuple(key), storages
-
-
-class _Slot:
-    """A storage in a template's records: its index in the slot table."""
-
-    __slots__ = ("n",)
-
-    def __init__(self, n: int) -> None:
-        self.n = n
 
 
 class _Fresh:
@@ -123,7 +112,8 @@ class Template:
     """One recorded call of a graph, replayable for calls with the same input signature
     (module docstring)."""
 
-    __slots__ = ("slots", "records", "outputs", "ops")
+    __slots__ = ("slots", "records", "outputs", "ops", "table", "inputs", "hosts", "fresh", "layouts", "total",
+                 "skeleton", "written")
 
     def __init__(self, recording: Recording, outputs, args_after, gm) -> None:
         records = recording.records
@@ -148,7 +138,7 @@ class Template:
         produced = {s for record in records for s in record.results if s is not None}
         fresh = 0
 
-        def slot(storage) -> _Slot:
+        def slot(storage) -> Slot:
             nonlocal fresh
             number = index.get(storage)
             if number is None:
@@ -161,7 +151,7 @@ class Template:
                     if storage not in output_storages and storage.alive:
                         raise NotReplayable("an intermediate is still referenced after the call")
                     self.slots.append(_Fresh(storage, storage in output_storages))
-            return _Slot(number)
+            return Slot(number)
 
         def host(snapshot):
             """A host tensor argument: a snapshot of a host input, taken again at each
@@ -173,39 +163,99 @@ class Template:
                 if number is None:
                     number = host_slots[k] = len(self.slots)
                     self.slots.append(("host", k))
-                return _Slot(number)
+                return Slot(number)
             if host_inputs:
                 raise NotReplayable("a host tensor the graph computed on the host")
             return snapshot
 
-        self.records = tuple(_RecordTemplate(record, slot, host) for record in records)
+        self.records = tuple(RecordTemplate(record, slot, host) for record in records)
         self.outputs = tuple(_output_specs(outputs, recording.storages, args_after, slot))
         allocated = MEMORY.allocations - recording.allocations
         if allocated != len(produced) + fresh:
             raise NotReplayable("the call allocated storages its records do not account for")
         self.ops = len(self.records)
+        self._plan_binding()
+        self._plan_structure()
+
+    def _plan_binding(self) -> None:
+        """What ``bind`` does at every call, sorted once: the constants' table (one entry
+        per slot, and a last one, None, for the results a record does not make), where
+        inputs and host inputs go, and the fresh storages' layouts, booked together."""
+        self.table = [None] * (len(self.slots) + 1)
+        inputs, hosts, fresh, layouts = [], [], [], []
+        for number, slot in enumerate(self.slots):
+            if type(slot) is _Fresh:
+                fresh.append((number, slot))
+                layouts.append((slot.shape, slot.stride, slot.dtype, rounded_nbytes(slot.nbytes)))
+            elif slot[0] == "input":
+                inputs.append((number, slot[1]))
+            elif slot[0] == "host":
+                hosts.append((number, slot[1]))
+            else:
+                self.table[number] = slot[1]
+        self.inputs, self.hosts, self.fresh, self.layouts = tuple(inputs), tuple(hosts), tuple(fresh), tuple(layouts)
+        self.total = sum(layout[3] for layout in layouts)
+
+    def _plan_structure(self) -> None:
+        """The window's plan-cache key (``AdaptiveSink._structure``) as far as every call
+        shares it: storages numbered in order of first appearance (the slots' aliasing is
+        fixed by the input signature), and the escape bits of the storages a call makes (an
+        output's is referenced, another's is not). Only a write to an input or a constant
+        depends on the call (is that storage still referenced?): ``written`` lists those
+        entries, which ``structure`` fills in."""
+        local: dict = {}
+        parts: list = []
+        written = []
+        for template in self.records:
+            reads, writes, results = template.numbers
+            parts.append(-template.signature_id)
+            for n in reads:
+                if n not in local:
+                    local[n] = len(local)
+                parts.append(local[n])
+            for n in writes:
+                if n not in local:
+                    local[n] = len(local)
+                slot = self.slots[n]
+                if type(slot) is _Fresh:
+                    parts.append(local[n] if slot.escapes else ~local[n])  # dead writes are not written back
+                else:
+                    written.append((len(parts), n))
+                    parts.append(local[n])
+            for n in results:
+                if n == -1:
+                    parts.append(None)
+                else:
+                    local[n] = number = len(local)
+                    parts.append(~number if self.slots[n].escapes else number)
+        self.skeleton, self.written = parts, tuple(written)
+
+    def structure(self, table) -> tuple:
+        """This call's plan-cache key: ``AdaptiveSink._structure`` of its records."""
+        parts = self.skeleton.copy()
+        for at, n in self.written:
+            if not table[n].alive:
+                parts[at] = ~parts[at]
+        return tuple(parts)
 
     def bind(self, args, storages):
         """The slot table for a call: input storages, constants, fresh allocations (may
         raise ``torch.OutOfMemoryError``, before anything is issued), and the output
         tensors' bases (slot -> the tensor over that storage)."""
-        table = []
+        made = DeviceStorage.allocate_all(self.layouts, self.total)
+        table = self.table.copy()
         bases = {}
-        for number, slot in enumerate(self.slots):
-            if type(slot) is _Fresh:
-                storage = DeviceStorage(slot.shape, slot.stride, slot.dtype, slot.nbytes)
-                if slot.escapes:
-                    bases[number] = device_tensor(slot.shape, slot.stride, slot.dtype, storage, slot.nbytes)
-                else:
-                    storage.alive = False  # no PrivateUse1 storage: nothing references it
-                table.append(storage)
-            elif slot[0] == "input":
-                table.append(storages[slot[1]])
-                bases[number] = args[slot[1]]
-            elif slot[0] == "host":
-                table.append(args[slot[1]].clone())  # the host may change it before the kernel runs
+        for (number, slot), storage in zip(self.fresh, made):
+            table[number] = storage
+            if slot.escapes:
+                bases[number] = device_tensor(slot.shape, slot.stride, slot.dtype, storage, slot.nbytes)
             else:
-                table.append(slot[1])
+                storage.alive = False  # no PrivateUse1 storage: nothing references it
+        for number, k in self.inputs:
+            table[number] = storages[k]
+            bases[number] = args[k]
+        for number, k in self.hosts:
+            table[number] = args[k].clone()  # the host may change it before the kernel runs
         return table, bases
 
     def outputs_for(self, args, table, bases) -> list:
@@ -293,88 +343,3 @@ def _output_specs(outputs, storages, args, slot):
         if signature[2] is not storage.dtype or value.is_conj() or value.is_neg():
             raise NotReplayable("an output reinterprets its storage")
         yield ("tensor", slot(storage).n, signature[0], signature[1], value.storage_offset(), covers)
-
-
-class _RecordTemplate:
-    """One record of a template, its storages as slots."""
-
-    __slots__ = ("op", "args", "kwargs", "nested", "reads", "writes", "results", "location", "cost", "signature",
-                 "signature_id")
-
-    def __init__(self, record, slot, host) -> None:
-        for value in record.kwargs.values():
-            if isinstance(value, torch.Generator):
-                raise NotReplayable("the graph draws random numbers")  # RNG order: run as eager
-        self.op = record.op
-        self.args = [_template(value, slot, host) for value in record.args]
-        self.kwargs = {name: _template(value, slot, host) for name, value in record.kwargs.items()}
-        self.nested = record.nested
-        self.reads = tuple(slot(s).n for s in record.reads)
-        self.writes = tuple(slot(s).n for s in record.writes)
-        self.results = tuple(None if s is None else slot(s).n for s in record.results)
-        self.location = record.location
-        self.cost = record.cost
-        self.signature = record.signature
-        self.signature_id = record.signature_id
-
-    def bind(self, table, stream, issue) -> OpRecord:
-        args = [table[a.n] if type(a) is _Slot else (_bound(a, table) if type(a) in _COMPOUND else a)
-                for a in self.args]
-        kwargs = self.kwargs
-        if kwargs:
-            kwargs = {name: _bound(value, table) for name, value in kwargs.items()}
-        return OpRecord(
-            self.op, args, kwargs, self.nested, [table[n] for n in self.reads], tuple(table[n] for n in self.writes),
-            [None if n is None else table[n] for n in self.results], self.location, self.cost, self.signature,
-            self.signature_id, stream, issue,
-        )
-
-
-class _ViewSlot:
-    __slots__ = ("n", "shape", "stride", "offset")
-
-    def __init__(self, n, ref: ViewRef) -> None:
-        self.n, self.shape, self.stride, self.offset = n, ref.shape, ref.stride, ref.offset
-
-
-class _ReinterpretSlot:
-    __slots__ = ("n", "ref")
-
-    def __init__(self, n, ref: ReinterpretRef) -> None:
-        self.n, self.ref = n, ref
-
-
-_COMPOUND = (_ViewSlot, _ReinterpretSlot, list, tuple)
-
-
-def _template(value, slot, host):
-    """A recorded argument with its storages (and host inputs' snapshots) as slots."""
-    kind = type(value)
-    if kind is DeviceStorage:
-        return slot(value)
-    if kind is ViewRef:
-        return _ViewSlot(slot(value.storage).n, value)
-    if kind is ReinterpretRef:
-        return _ReinterpretSlot(slot(value.storage).n, value)
-    if kind is list or kind is tuple:
-        return kind(_template(item, slot, host) for item in value)
-    if kind is torch.Tensor:
-        return host(value)
-    if value is GENERATOR:
-        raise NotReplayable("the graph draws random numbers")
-    return value
-
-
-def _bound(value, table):
-    """A template argument over a call's storages."""
-    kind = type(value)
-    if kind is _Slot:
-        return table[value.n]
-    if kind is _ViewSlot:
-        return ViewRef(table[value.n], value.shape, value.stride, value.offset)
-    if kind is _ReinterpretSlot:
-        ref = value.ref
-        return ReinterpretRef(table[value.n], ref.shape, ref.stride, ref.offset, ref.dtype, ref.conj, ref.neg)
-    if kind is list or kind is tuple:
-        return kind(_bound(item, table) for item in value)
-    return value

@@ -105,7 +105,10 @@ class AdaptiveSink:
             QUEUE.wait()
 
     # -- flushing ----------------------------------------------------------------------
-    def flush(self, reason: str) -> None:
+    def flush(self, reason: str, key: tuple | None = None) -> None:
+        """Plan (or look up) the window's records and hand them to the queue. ``key``: the
+        window's ``_structure``, when the caller knows it already (a compiled graph's
+        replay, ``replay.Template.structure``)."""
         records = self.records
         if not records:
             return
@@ -114,7 +117,8 @@ class AdaptiveSink:
         failed = QUEUE.take_failed_kernels()
         if failed:
             self._mark_unfusable(failed)
-        key = self._structure(records)
+        if key is None:
+            key = self._structure(records)
         injecting = QUEUE.injecting_faults  # any op may fail: plan afresh, in program order
         plan = None if injecting else self.plan_cache.lookup(key)
         if plan is None:

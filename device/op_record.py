@@ -50,7 +50,14 @@ def resolve(value, env=None):
     if kind is ViewRef or kind is ReinterpretRef:
         return value.resolve(resolve(value.storage, env))
     if kind is list or kind is tuple:
-        return kind(resolve(v, env) for v in value)
+        if env:
+            items = [resolve(item, env) for item in value]
+        else:  # a foreach op's storages, inline: its lists are what the worker resolves most
+            items = [
+                (item.data if item.data is not None else item.materialize()) if type(item) is DeviceStorage
+                else resolve(item) for item in value
+            ]
+        return items if kind is list else tuple(items)
     return value
 
 

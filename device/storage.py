@@ -79,6 +79,11 @@ def release_freed_memory() -> None:
         trim(0)
 
 
+def rounded_nbytes(nbytes: int) -> int:
+    """What an allocation of ``nbytes`` books: rounded up to the allocation granularity."""
+    return -(-nbytes // _ROUND) * _ROUND
+
+
 def storage_nbytes(shape, stride, itemsize: int) -> int:
     """Bytes a tensor of this shape and stride spans from its first element."""
     span = 1
@@ -115,10 +120,11 @@ class DeviceStorage:
     def __init__(self, shape, stride, dtype, nbytes: int, data=None) -> None:
         rounded = -(-nbytes // _ROUND) * _ROUND
         books = MEMORY
+        capacity = CONFIG.hbm_bytes
         self.nbytes = None  # nothing booked yet: __del__ has nothing to free
         with _BOOKS_LOCK:
             allocated = books.allocated + rounded
-            if allocated <= CONFIG.hbm_bytes:
+            if allocated <= capacity:
                 books.allocated = allocated
                 books.allocations += 1
                 books.live_blocks += 1
@@ -128,7 +134,7 @@ class DeviceStorage:
                         books.reserved = allocated
             else:
                 books.ooms += 1
-        if allocated > CONFIG.hbm_bytes:
+        if allocated > capacity:
             raise _out_of_memory(rounded)
         self.nbytes = rounded
         self.shape = shape
@@ -141,6 +147,44 @@ class DeviceStorage:
         # storage is freed (device/csrc/memory.cpp): an adaptive window need not write back
         # a value it made whose storage nothing references any more.
         self.alive = True
+
+    @classmethod
+    def allocate_all(cls, layouts, total: int) -> list:
+        """Storages for ``layouts`` (``(shape, stride, dtype, bytes rounded up to the
+        allocation granularity)`` each; ``total`` is their bytes' sum), booked at once, as
+        allocating them one after the other books them (a compiled graph's replay, which
+        makes all of a call's storages before it issues anything). Raises
+        ``torch.OutOfMemoryError`` with none of them booked when they do not all fit."""
+        books = MEMORY
+        capacity = CONFIG.hbm_bytes
+        with _BOOKS_LOCK:
+            allocated = books.allocated + total
+            if allocated <= capacity:
+                books.allocated = allocated
+                books.allocations += len(layouts)
+                books.live_blocks += len(layouts)
+                if allocated > books.peak:
+                    books.peak = allocated
+                    if allocated > books.reserved:
+                        books.reserved = allocated
+            else:
+                books.ooms += 1
+        if allocated > capacity:
+            raise _out_of_memory(total)
+        storages = []
+        append = storages.append
+        new = cls.__new__
+        for shape, stride, dtype, nbytes in layouts:
+            storage = new(cls)
+            storage.nbytes = nbytes
+            storage.shape = shape
+            storage.stride = stride
+            storage.dtype = dtype
+            storage.data = None
+            storage.poison = None
+            storage.alive = True
+            append(storage)
+        return storages
 
     @classmethod
     def poisoned(cls, shape, stride, dtype, failure) -> "DeviceStorage":

@@ -141,6 +141,70 @@ def test_replayed_training_steps_equal_cpu_and_the_fx_code_bit_for_bit(name):
         assert replayed[0] < ran[0]  # fewer ops through the per-op path
 
 
+def test_a_replays_plan_cache_key_is_the_one_its_records_make(monkeypatch):
+    """A replay hands its window's flush the key its template precomputed
+    (``Template.structure``); it must be ``_structure`` of the records it issued: storages
+    numbered alike, and the same escape bits (outputs escape, intermediates do not, a
+    written input's by whether it is still referenced)."""
+    from adaptive_eager.window import AdaptiveSink
+
+    flush = AdaptiveSink.flush
+    keys = []
+
+    def checked(self, reason, key=None):
+        if key is not None:
+            keys.append(key)
+            assert key == AdaptiveSink._structure(self.records)
+        return flush(self, reason, key)
+
+    monkeypatch.setattr(AdaptiveSink, "flush", checked)
+    torch.manual_seed(0)
+    adaptive_eager.reset_stats()
+    _train(Llama(vocab=64, dim=32, heads=2, hidden=48, layers=1), "neuron", 3)
+    stats = compiled()
+    assert len(keys) == stats["replays"] >= 6  # forward, backward, optimizer...: steps 2 and 3 replay
+
+
+def test_a_replays_key_marks_a_written_input_nothing_references_any_more(monkeypatch):
+    """The one escape bit a template cannot know in advance: whether an input it writes
+    in place is still referenced at the flush (if not, the write need not be written
+    back). ``Template.structure`` reads it from the call's storage, as ``_structure``."""
+    from adaptive_eager import compiler, replay
+    from adaptive_eager.window import AdaptiveSink
+
+    runners = []
+    init = compiler.GraphRunner.__init__
+
+    def kept(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        runners.append(self)
+
+    monkeypatch.setattr(compiler.GraphRunner, "__init__", kept)
+
+    def f(x, y):
+        x.mul_(2)
+        return x + y
+
+    g = torch.compile(f)
+    x, y = torch.randn(8, device="neuron"), torch.randn(8, device="neuron")
+    g(x, y)
+    (runner,) = runners
+    (template,) = [t for t in runner.templates.values() if type(t) is replay.Template]
+    args = [x, y]
+    _, storages = replay.input_signature(args)
+    table, _ = template.bind(args, storages)
+    records = template.issue(table)  # (never launched)
+    alive = template.structure(table)
+    assert alive == AdaptiveSink._structure(records)
+    written = storages[0]
+    written.alive = False  # as if nothing referenced x any more
+    try:
+        dead = template.structure(table)
+        assert dead == AdaptiveSink._structure(records) and dead != alive
+    finally:
+        written.alive = True
+
+
 def test_host_tensor_inputs_are_snapshotted_again_at_each_replay():
     g = torch.compile(lambda x: x.to("neuron") * 2)
     for value in (1.0, 2.0, 3.0):
@@ -295,6 +359,42 @@ def test_a_replay_that_cannot_allocate_runs_the_fx_code_which_raises_at_the_op_a
     assert torch.equal(dx.cpu(), x)  # nothing on the device was lost
     torch.testing.assert_close(g(dx).cpu(), f(x))  # and the next call replays
     assert compiled()["replays"] == 1
+
+
+def _books():
+    from adaptive_eager_device.storage import MEMORY
+
+    return MEMORY.allocations, MEMORY.live_blocks, torch.neuron.memory_allocated()
+
+
+def test_a_replay_books_the_memory_the_recorded_call_booked():
+    """A replay books all of a call's storages at once (``DeviceStorage.allocate_all``):
+    as many allocations, live blocks, bytes and peak as the recorded call's one by one."""
+    def f(x, w):
+        h = torch.relu(x @ w)
+        return (h * 3).sum(1), h.t() + 1
+
+    g = torch.compile(f)
+    x, w = torch.randn(64, 48), torch.randn(48, 80)
+    dx, dw = x.to("neuron"), w.to("neuron")
+    figures = []
+    for _ in range(3):
+        torch.neuron.synchronize()
+        torch.neuron.reset_peak_memory_stats()
+        before = _books()
+        outputs = g(dx, dw)
+        during = _books()
+        peak = torch.neuron.max_memory_allocated()
+        torch.neuron.synchronize()
+        after = _books()
+        figures.append(([b - a for a, b in zip(before, during)], peak - before[2],
+                        [b - a for a, b in zip(before, after)][1:]))
+        for got, want in zip(outputs, f(x, w)):
+            torch.testing.assert_close(got.cpu(), want)
+        del outputs
+    assert compiled()["replays"] == 2
+    assert figures[1] == figures[0] and figures[2] == figures[0]
+    assert figures[0][0][0] > 2 and figures[0][1] > 0
 
 
 def _resizing_graph():
