@@ -28,10 +28,13 @@ _FLASH = 1  # sdp::SDPBackend::flash_attention
 
 
 def _like_on_cpu(tensor):
-    """An empty CPU tensor with ``tensor``'s metadata (what the CPU's choice reads)."""
+    """An empty CPU tensor with ``tensor``'s metadata (what the CPU's choice reads: shape,
+    strides, dtype, and whether it requires grad: the CPU's flash kernel has no gradient
+    for a mask, so a mask that requires grad makes the CPU choose math)."""
     if tensor is None:
         return None
-    return torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device="cpu")
+    like = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device="cpu")
+    return like.requires_grad_() if tensor.requires_grad and tensor.is_floating_point() else like
 
 
 def _checked_by_the_composite(query, key, value, attn_mask) -> bool:

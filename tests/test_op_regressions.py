@@ -260,3 +260,22 @@ def test_attention_arguments_the_composite_refuses_raise_its_errors():
         F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 4, dtype=torch.int64).to("neuron"))
     with pytest.raises(RuntimeError, match="same device type"):
         F.scaled_dot_product_attention(q, torch.randn(2, 2, 4, 8), torch.randn(2, 2, 4, 8))
+
+
+def test_attention_with_a_mask_that_requires_grad_takes_the_cpus_math_path():
+    # The CPU's flash kernel has no gradient for its mask, so the CPU picks math for a
+    # mask that requires grad (a model computing its mask from parameters: transformers'
+    # doge); the device must pick the same, and give the mask's gradient.
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    q, k, v, grad = (torch.randn(2, 3, 16, 8) for _ in range(4))
+    mask = torch.randn(16, 16)
+
+    def attend(q, k, v, mask, grad):
+        q, k, v, mask = (t.requires_grad_() for t in (q, k, v, mask))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return [out.detach(), *torch.autograd.grad(out, (q, k, v, mask), grad)]
+
+    result = attend(*(t.to("neuron") for t in (q, k, v, mask, grad)))
+    assert_same(result, attend(q, k, v, mask, grad), **EXACT)
