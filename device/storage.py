@@ -112,6 +112,27 @@ def _out_of_memory(nbytes: int) -> torch.OutOfMemoryError:
     ))
 
 
+def _book(nbytes: int, count: int) -> None:
+    """Book ``count`` allocations of ``nbytes`` in all in the memory books, or raise
+    ``torch.OutOfMemoryError`` (counted, nothing booked) when they do not fit."""
+    books = MEMORY
+    capacity = CONFIG.hbm_bytes
+    with _BOOKS_LOCK:
+        allocated = books.allocated + nbytes
+        if allocated <= capacity:
+            books.allocated = allocated
+            books.allocations += count
+            books.live_blocks += count
+            if allocated > books.peak:
+                books.peak = allocated
+                if allocated > books.reserved:
+                    books.reserved = allocated
+        else:
+            books.ooms += 1
+    if allocated > capacity:
+        raise _out_of_memory(nbytes)
+
+
 class DeviceStorage:
     """One device allocation. ``data`` is its CPU backing tensor, or None until needed."""
 
@@ -119,23 +140,8 @@ class DeviceStorage:
 
     def __init__(self, shape, stride, dtype, nbytes: int, data=None) -> None:
         rounded = -(-nbytes // _ROUND) * _ROUND
-        books = MEMORY
-        capacity = CONFIG.hbm_bytes
         self.nbytes = None  # nothing booked yet: __del__ has nothing to free
-        with _BOOKS_LOCK:
-            allocated = books.allocated + rounded
-            if allocated <= capacity:
-                books.allocated = allocated
-                books.allocations += 1
-                books.live_blocks += 1
-                if allocated > books.peak:
-                    books.peak = allocated
-                    if allocated > books.reserved:
-                        books.reserved = allocated
-            else:
-                books.ooms += 1
-        if allocated > capacity:
-            raise _out_of_memory(rounded)
+        _book(rounded, 1)
         self.nbytes = rounded
         self.shape = shape
         self.stride = stride
@@ -155,22 +161,7 @@ class DeviceStorage:
         allocating them one after the other books them (a compiled graph's replay, which
         makes all of a call's storages before it issues anything). Raises
         ``torch.OutOfMemoryError`` with none of them booked when they do not all fit."""
-        books = MEMORY
-        capacity = CONFIG.hbm_bytes
-        with _BOOKS_LOCK:
-            allocated = books.allocated + total
-            if allocated <= capacity:
-                books.allocated = allocated
-                books.allocations += len(layouts)
-                books.live_blocks += len(layouts)
-                if allocated > books.peak:
-                    books.peak = allocated
-                    if allocated > books.reserved:
-                        books.reserved = allocated
-            else:
-                books.ooms += 1
-        if allocated > capacity:
-            raise _out_of_memory(total)
+        _book(total, len(layouts))
         storages = []
         append = storages.append
         new = cls.__new__
