@@ -1,7 +1,7 @@
 """pytest plugin that :mod:`bench.torch_suites` loads (``-p bench.torch_suites_shim``) into
 every pytest process it runs on PyTorch's upstream test files.
 
-It does four things, all driven by environment variables the runner sets:
+It does five things, all driven by environment variables the runner sets:
 
 1. **Compatibility.** The upstream test files are older than the installed torch
    (see the runner's docstring for the version). A few names they import were dropped
@@ -26,6 +26,11 @@ It does four things, all driven by environment variables the runner sets:
    ``{"nodeid", "when", "outcome", "message", "seconds"}`` per report. A process that
    dies mid-test leaves a start line without a final report: the runner reports that
    test as a crash.
+5. **Isolation.** On neuron, each test ends with a sync point (``torch.neuron.synchronize()``
+   in its teardown), so a deferred device error (a kernel that failed on the queue, which
+   surfaces at the next sync point by design) is reported against the test that issued
+   it, as a teardown error, and not against whichever later test happens to sync first.
+   It never turns a failure into a pass: it only moves an error to its own test.
 """
 from __future__ import annotations
 
@@ -161,6 +166,14 @@ def pytest_runtest_logreport(report):
         _write({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
                 "xfail": bool(getattr(report, "wasxfail", None) is not None),
                 "message": _message(report), "seconds": round(report.duration, 3)})
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    if DEVICE == "neuron":
+        import torch
+
+        torch.neuron.synchronize()  # raises the test's own deferred device error, if any
 
 
 @pytest.hookimpl(trylast=True)

@@ -58,3 +58,33 @@ def test_crashes_are_resumed_and_reported(tmp_path):
     assert "SIGABRT" in messages["test_b_abort_neuron"] and "SIGSEGV" in messages["test_d_segv_neuron"]
     classes = torch_suites.class_counts({"test_fake.py": record}, "neuron")
     assert classes == {"TestFake": {"run": 6, "pass": 2, "crash": 2, "fail": 1, "skip": 1}}
+
+
+DEFERRING = '''
+import torch
+from torch.testing._internal.common_utils import TestCase
+from torch.testing._internal.common_device_type import instantiate_device_type_tests
+
+class TestDeferred(TestCase):
+    def test_a_leaves_a_failed_kernel(self, device):
+        x = torch.zeros(3, device=device)
+        x[torch.tensor([5], device=device)] = 1.0  # out of range: fails on the queue, no sync here
+    def test_b_syncs(self, device):
+        self.assertEqual(torch.ones(2, device=device).sum().item(), 2)
+
+instantiate_device_type_tests(TestDeferred, globals())
+'''
+
+
+def test_a_deferred_device_error_is_reported_against_the_test_that_issued_it(tmp_path):
+    """The shim ends each neuron test with a sync point: the failed kernel of the first test
+    is its own teardown error, and the next test, which syncs, passes."""
+    test_dir = tmp_path / "test"
+    test_dir.mkdir()
+    (test_dir / "test_deferring.py").write_text(DEFERRING)
+    record = torch_suites.run_file(str(test_dir), "test_deferring.py", "strict", str(tmp_path), test_timeout=60,
+                                   process_timeout=300, echo=lambda *a: None)
+    outcomes = {nodeid.split("::")[-1]: outcome for nodeid, (outcome, _) in record["tests"].items()}
+    assert outcomes == {"test_a_leaves_a_failed_kernel_neuron": "error", "test_b_syncs_neuron": "pass"}
+    message = record["tests"][next(n for n in record["tests"] if "test_a_" in n)][1]
+    assert "index_put_" in message
