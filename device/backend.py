@@ -264,6 +264,38 @@ def _patch_accelerator() -> None:
     _route_to_neuron("synchronize", api.synchronize)
 
 
+# The setters of process-wide settings that the CPU kernels the device runs read as they
+# run, on the worker thread, after the host issued them.
+_GLOBAL_SETTINGS = (
+    "set_default_dtype",  # a factory without a dtype, the type of a Python float
+    "set_default_tensor_type",
+    "use_deterministic_algorithms",  # empty's NaN fill, the deterministic index_put_ ...
+    "set_deterministic_debug_mode",
+)
+
+
+def _drain_before_global_settings_change() -> None:
+    """Each setter in ``_GLOBAL_SETTINGS`` first waits for the kernels already issued
+    (``sink.drain``), so every kernel runs under the settings it was issued with:
+    ``torch.randn(n, device="neuron")`` then ``torch.set_default_dtype(torch.float64)``
+    must still give float32. Only a call while neuron work is pending waits."""
+    from .sink import drain
+
+    def draining(setter):
+        @functools.wraps(setter)
+        def set_then(*args, **kwargs):
+            drain(Flush.GLOBAL_SETTING)
+            return setter(*args, **kwargs)
+
+        set_then._neuron_drains = True
+        return set_then
+
+    for name in _GLOBAL_SETTINGS:
+        setter = getattr(torch, name)
+        if not getattr(setter, "_neuron_drains", False):
+            setattr(torch, name, draining(setter))
+
+
 def register() -> None:
     """Make ``neuron`` a PyTorch device. Safe to call more than once."""
     if _STATE["registered"]:
@@ -284,6 +316,7 @@ def register() -> None:
     _register_kernels()
     register_autocast()
     _patch_accelerator()
+    _drain_before_global_settings_change()
     from . import dynamo
 
     dynamo.install()

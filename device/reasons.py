@@ -48,6 +48,8 @@ class Flush(_Reason):
     STREAM_QUERY = "stream_query", "stream.query() asks whether the stream's work is done"
     STREAM_SYNCHRONIZE = "stream_synchronize", "stream.synchronize()"
     EVENT_SYNCHRONIZE = "event_synchronize", "event.synchronize()"
+    GLOBAL_SETTING = "global_setting", ("a global setting CPU kernels read as they run changes (the default dtype, "
+                                        "deterministic algorithms): the kernels already issued run under the old one")
     # flush points: the window launches, the host does not wait
     BARRIER = "barrier", "an op that cannot wait in the window"
     WINDOW_FULL = "window_full", "window reached its maximum size"

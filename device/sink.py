@@ -1,7 +1,7 @@
 """Where recorded ops go (the sink), and sync points.
 
-Entry points: :func:`synchronize` (a sync point), :func:`flush` (launch what the sink
-holds), :func:`set_sink` (the adaptive runtime plugs its op window in here). The
+Entry points: :func:`synchronize` (a sync point), :func:`drain` (wait for the device
+without raising), :func:`flush` (launch what the sink holds), :func:`set_sink` (the adaptive runtime plugs its op window in here). The
 dispatcher hands each recorded op to ``current_sink().record``.
 
 The sink sits between op interception and the execution queue. The strict-eager sink
@@ -54,6 +54,15 @@ def set_sink(sink) -> None:
 def flush(reason: str) -> None:
     with HOST_LOCK:
         _sink.flush(reason)
+
+
+def drain(reason: str) -> None:
+    """Launch everything recorded and wait for the device, raising nothing: a deferred
+    error stays pending for the next sync point."""
+    with HOST_LOCK:
+        _sink.flush(reason)
+        COUNTERS.sync_points[reason] += 1
+    QUEUE.drain()
 
 
 def synchronize(reason: str = Flush.SYNCHRONIZE) -> None:

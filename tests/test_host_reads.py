@@ -101,3 +101,21 @@ def test_dlpack_from_torch_to_torch_aliases_and_others_refuse():
     assert again.cpu().tolist() == EXPECTED
     with pytest.raises(RuntimeError, match="Unsupported device"):
         np.from_dlpack(pending())
+
+
+def test_kernels_run_under_the_default_dtype_they_were_issued_with():
+    """The CPU kernels the worker runs read the process's default dtype as they run; a
+    change of it on the host (``torch.set_default_dtype``) waits for the kernels already
+    issued. Without the wait, the pending ``randn`` below ran as float64 and failed."""
+    torch.manual_seed(0)
+    expected = torch.randn(3)
+    expected_sum = torch.tensor([0, 1, 2], dtype=torch.uint8) + 0.5
+    torch.manual_seed(0)
+    drawn = torch.randn(3, device="neuron")
+    summed = torch.tensor([0, 1, 2], dtype=torch.uint8, device="neuron") + 0.5
+    try:
+        torch.set_default_dtype(torch.float64)
+        assert drawn.dtype == summed.dtype == torch.float32
+        assert torch.equal(drawn.cpu(), expected) and torch.equal(summed.cpu(), expected_sum)
+    finally:
+        torch.set_default_dtype(torch.float32)
