@@ -32,6 +32,7 @@ from . import sink as _sync
 from .config import CONFIG
 from .counters import COUNTERS
 from .errors import poisoned_read_error, users_error
+from .execution_queue import HOST_LOCK
 from .host_ops import host_call_args, upload_result
 from .op_table import HOST_READ, op_entry
 from .reasons import Flush
@@ -67,6 +68,13 @@ def _kernel_for(op):
     return kernel
 
 
+def run_sparse(op, *args, **kwargs):
+    """A sparse op on neuron tensors, under the host lock (ops issued from several threads
+    reach the device one at a time, as dense ops do): :func:`_run_on_host`."""
+    with HOST_LOCK:
+        return _run_on_host(op, args, kwargs)
+
+
 def _checked_cpu_view(tensor):
     storage = storage_of(tensor)
     if storage.poison is not None:
@@ -99,15 +107,12 @@ def _is_device_sparse(value) -> bool:
     return isinstance(value, torch.Tensor) and value.layout == torch.sparse_coo and value.device.type == "neuron"
 
 
-def _to_host(value, sparse_pairs):
-    """``value`` with each sparse neuron tensor replaced by its host twin, recorded in
-    ``sparse_pairs`` as (device tensor, host tensor)."""
+def _to_host(value):
+    """``value`` with each sparse neuron tensor replaced by its host twin."""
     if _is_device_sparse(value):
-        host = host_sparse(value)
-        sparse_pairs.append((value, host))
-        return host
+        return host_sparse(value)
     if isinstance(value, (list, tuple)):
-        return type(value)(_to_host(v, sparse_pairs) for v in value)
+        return type(value)(_to_host(v) for v in value)
     return value
 
 
@@ -125,7 +130,7 @@ def _write_back(device, host) -> None:
     aten.copy_sparse_to_sparse_.default(device, host)
 
 
-def run_sparse(op, *args, **kwargs):
+def _run_on_host(op, args, kwargs):
     """A sparse op on neuron tensors: the CPU's sparse kernel on host copies, after a
     sync point (which raises any pending deferred error first); counted as a fallback op."""
     entry = op_entry(op)
@@ -133,9 +138,8 @@ def run_sparse(op, *args, **kwargs):
         raise users_error(NotImplementedError(
             f"{entry.name} on a sparse tensor runs on the CPU on the neuron device, and NEURON_FALLBACK=0 forbids it."))
     _sync.synchronize(Flush.FALLBACK.of(entry.name))
-    pairs: list = []
-    sparse_args = [_to_host(a, pairs) for a in args]
-    sparse_kwargs = {k: _to_host(v, pairs) for k, v in kwargs.items()}
+    sparse_args = [_to_host(a) for a in args]
+    sparse_kwargs = {k: _to_host(v) for k, v in kwargs.items()}
     host_args, host_kwargs = host_call_args(entry, sparse_args, sparse_kwargs, check_poison=True)
     try:
         result = op(*host_args, **host_kwargs)
