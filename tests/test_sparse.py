@@ -169,3 +169,31 @@ def test_bad_sparse_arguments_raise_the_cpus_error_at_the_call():
 def test_compressed_layouts_stay_refused():
     with pytest.raises(NotImplementedError, match="not supported on the neuron device"):
         torch.eye(3).to_sparse_csr().to("neuron")
+
+
+def test_the_structure_moves_no_data_and_the_arithmetic_is_a_counted_fallback(strict_mode):
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.tensor([4.0, 9.0]), (3,), device="neuron")
+    adaptive_eager.reset_stats()
+    sparse._indices(), sparse._values(), sparse._nnz(), sparse.is_coalesced(), sparse.sparse_dim()
+    assert adaptive_eager.stats()["fallback_ops"] == {}
+    sparse.coalesce()
+    assert adaptive_eager.stats()["fallback_ops"] == {"aten::_coalesce": 1}
+
+
+def test_no_fallback_makes_a_sparse_op_a_clear_error():
+    from adaptive_eager_device.config import CONFIG
+
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.tensor([4.0, 9.0]), (3,), device="neuron")
+    CONFIG.fallback = False  # the fixture restores it
+    with pytest.raises(NotImplementedError, match="aten::add on a sparse tensor .* NEURON_FALLBACK=0"):
+        sparse + sparse
+
+
+def test_save_load_and_deepcopy(tmp_path):
+    import copy
+
+    dense = torch.tensor([[0.0, 1.0], [2.0, 0.0]])
+    sparse = dense.to_sparse().to("neuron")
+    torch.save(sparse, tmp_path / "sparse.pt")
+    for result in (torch.load(tmp_path / "sparse.pt"), copy.deepcopy(sparse)):
+        _sparse_same(result, dense.to_sparse())
