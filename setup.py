@@ -4,7 +4,7 @@ declared in setup.cfg."""
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
-SOURCES = [f"device/csrc/{name}.cpp" for name in ("memory", "hooks", "hot_path", "views", "module")]
+SOURCES = [f"device/csrc/{name}.cpp" for name in ("memory", "hooks", "hot_path", "views", "sparse", "module")]
 
 setup(
     ext_modules=[

@@ -135,12 +135,15 @@ def compare_mode(opinfo) -> str:
 # One line on why each failure or fallback the sweep still shows happens, printed with the
 # report; keyed by op key (failures) or aten op name (fallbacks). A failure or fallback
 # with no entry here is printed as unexplained: look into it.
-_SPARSE = "sparse layouts are not supported on the neuron device (refused with a clear error)"
+_CSR = "compressed sparse layouts (CSR, CSC, BSR, BSC) are not supported on the neuron device (refused with a clear error)"
+_SPARSE_ON_HOST = ("a sparse COO op: the CPU's sparse kernel runs on the host bytes after a sync point "
+                   "(device/sparse.py), as CUDA has sparse kernels and the device has none of its own")
 KNOWN_CAUSES = {
-    "to_sparse": "to_sparse returns a sparse COO tensor: " + _SPARSE,
-    "sparse.sampled_addmm": "the sample is a sparse CSR tensor: " + _SPARSE,
-    "sparse.mm.reduce": "the sample is a sparse CSR tensor: " + _SPARSE,
-    "aten::_to_sparse": "runs on the host to produce the sparse result, which is then refused: " + _SPARSE,
+    "sparse.sampled_addmm": "the sample is a sparse CSR tensor: " + _CSR,
+    "sparse.mm.reduce": "the sample is a sparse CSR tensor: " + _CSR,
+    "aten::_to_sparse": "a dense op with a sparse result, which only the host can size: " + _SPARSE_ON_HOST,
+    "aten::_to_dense": _SPARSE_ON_HOST,
+    "aten::sparse_mask": _SPARSE_ON_HOST,
     "aten::geqrf": ("no meta kernel in PyTorch, so the output shape is unknown until it runs; kept on the "
                     "fallback on purpose: it is the tests' and README's example of an op the device lacks"),
     "nn.functional.linear_cross_entropy.chunked": (

@@ -169,23 +169,26 @@ def _refuse_sparse(op, *args, **kwargs):
     from .errors import users_error
 
     raise users_error(NotImplementedError(
-        f"sparse tensors are not supported on the neuron device ({op._schema.name}); convert with .to_dense() first"
+        f"compressed sparse tensors (CSR, CSC, BSR, BSC) are not supported on the neuron device ({op._schema.name}); "
+        "convert with .to_dense() or .to_sparse() (COO) first"
     ))
 
 
 def _register_kernels() -> None:
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(_user_facing(_boxed_fallback), dispatch_key="PrivateUse1")
-    for sparse in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
-        fallback.fallback(_user_facing(_refuse_sparse), dispatch_key=sparse)
+    from . import sparse
+
     constructors = torch.library.Library("aten", "IMPL")
-    for name in torch._C._dispatch_get_all_op_names():  # sparse tensors made of device parts
+    sparse.register(fallback, constructors)  # COO: the CPU's sparse kernels on host copies (device/sparse.py)
+    fallback.fallback(_user_facing(_refuse_sparse), dispatch_key="SparseCsrPrivateUse1")
+    for name in torch._C._dispatch_get_all_op_names():  # compressed sparse tensors of device parts
         base = name[len("aten::"):].split(".")[0]
-        if name.startswith("aten::") and re.match(r"_?sparse_(coo|csr|csc|bsr|bsc|compressed)_tensor", base):
+        if name.startswith("aten::") and re.match(r"_?sparse_(csr|csc|bsr|bsc|compressed)_tensor", base):
             qualified = name[len("aten::"):]
             packet, _, overload = qualified.partition(".")
             op = getattr(getattr(torch.ops.aten, packet), overload or "default")
-            for key in ("PrivateUse1", "SparsePrivateUse1", "SparseCsrPrivateUse1"):
+            for key in ("PrivateUse1", "SparseCsrPrivateUse1"):
                 constructors.impl(qualified, _user_facing(functools.partial(_refuse_sparse, op)), key)
     _STATE["libraries"].append(constructors)
     whole = torch.library.Library("aten", "IMPL")

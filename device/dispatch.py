@@ -74,6 +74,10 @@ def _upload(source: torch.Tensor, kwargs):
     snapshot of the host tensor (the host may change it meanwhile), converting the dtype
     if asked. Its output is a result of the kernel, so an upload dropped after a failure
     leaves a poisoned tensor, never one of uninitialized memory."""
+    if source.layout == torch.sparse_coo:  # its indices and values, each uploaded
+        from .sparse import upload_sparse
+
+        return upload_sparse(source, kwargs, _upload)
     if source.layout != torch.strided:
         raise users_error(NotImplementedError(
             f"{source.layout} tensors are not supported on the neuron device; convert with "
@@ -89,12 +93,13 @@ def _upload(source: torch.Tensor, kwargs):
 
 
 def decompose(entry, args, kwargs):
-    """A composite of other ops: run its decomposition, whose ops come back here. Sparse
-    layouts stay refused (a composite would build a sparse tensor of neuron parts)."""
+    """A composite of other ops: run its decomposition, whose ops come back here. The
+    compressed sparse layouts stay refused (a composite would build a CSR tensor of neuron
+    parts); a COO tensor of neuron parts is the device's (``device/sparse.py``)."""
     if entry.layout_arg is not None:
         index, name = entry.layout_arg
         layout = args[index] if index < len(args) else kwargs.get(name)
-        if layout is not None and layout != torch.strided:
+        if layout is not None and layout not in (torch.strided, torch.sparse_coo):
             raise users_error(NotImplementedError(f"{layout} tensors are not supported on the neuron device ({entry.name})"))
     return entry.op.decompose(*args, **kwargs)
 

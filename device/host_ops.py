@@ -162,9 +162,22 @@ def _upload_one(entry, value, args, kwargs, position):
             fresh = _upload_one(entry, value, (), {}, len(aliases))
             set_metadata(target, fresh.untyped_storage(), 0, fresh.shape, fresh.stride())
         return target
+    if value.layout == torch.sparse_coo:
+        return _upload_sparse(entry, value)
     if value.layout != torch.strided:
         raise users_error(NotImplementedError(f"{entry.name} returned a {value.layout} tensor; sparse layouts are not supported on the neuron device"))
     value = value.clone() if value._is_view() or value.storage_offset() else value
     shape, stride = tuple(value.shape), tuple(value.stride())
     nbytes = storage_nbytes(shape, stride, value.element_size())
     return device_tensor(shape, stride, value.dtype, DeviceStorage(shape, stride, value.dtype, nbytes, value), nbytes)
+
+
+def _upload_sparse(entry, value):
+    """A CPU sparse COO result as a sparse neuron tensor of uploaded indices and values
+    (``device/sparse.py``), with the result's coalesced flag."""
+    fresh = len(entry.return_alias)  # a position past the returns: never an alias
+    indices = _upload_one(entry, value._indices(), (), {}, fresh)
+    values = _upload_one(entry, value._values(), (), {}, fresh)
+    return aten._sparse_coo_tensor_with_dims_and_tensors.default(
+        value.sparse_dim(), value.dense_dim(), value.shape, indices, values, dtype=value.dtype,
+        layout=torch.sparse_coo, device=indices.device, is_coalesced=value.is_coalesced())

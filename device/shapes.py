@@ -317,6 +317,8 @@ def infer(entry, args, kwargs, is_device=lambda value: False) -> Inference | str
         structure, values = ("list" if isinstance(result, list) else "tuple"), tuple(result)
     else:  # a host value: not an op the device can queue
         return NO_META
+    if any(v is not None and v.layout != torch.strided for v in values):
+        return NO_META  # a sparse result (``to_sparse``): the CPU makes it (device/sparse.py)
     aliases = entry.return_alias if structure == "tuple" else entry.return_alias * len(values)
     outputs = tuple(
         OutputSpec(v) if v is not None and (alias is None) else None

@@ -218,9 +218,9 @@ def test_harness_cli_picks_configurations(tmp_path):
 
 
 def test_harness_exit_status_says_whether_everything_passed(tmp_path, capsys):
-    """An op that fails (sparse layouts, which the device refuses) makes the sweep exit 1."""
+    """An op that fails (a CSR sample, which the device refuses) makes the sweep exit 1."""
     path = tmp_path / "coverage.json"
-    argv = ["--ops", "to_sparse", "--samples", "1", "--dtypes", "float32", "--no-backward", "--modes", "strict",
+    argv = ["--ops", "sparse.mm.reduce", "--samples", "1", "--dtypes", "float32", "--no-backward", "--modes", "strict",
             "--json", str(path)]
     assert op_coverage.main(argv) == 1
     assert json.loads(path.read_text())["summary"]["configs"]["float32/strict/forward"]["fail"] == 1

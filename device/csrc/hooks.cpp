@@ -209,6 +209,7 @@ void init(py::object default_twin, py::object synchronize, py::object resize, in
   hooks = new NeuronHooks();
   at::RegisterPrivateUse1HooksInterface(hooks);
   register_views();
+  register_sparse();
 }
 
 // twin(generator) -> the CPU generator a neuron generator draws through (the same object

@@ -21,6 +21,9 @@
 //   through without device frames.
 // - views.cpp: the view kernels that never enter Python (`view`, `as_strided`,
 //   `_reshape_alias`: metadata only, at::native's own functions, as the CPU runs them).
+// - sparse.cpp: the sparse COO kernels that only read or re-point a sparse tensor (its
+//   construction, `_indices`, `_values`, `copy_`, resizing: at::native's device-generic
+//   functions) at SparsePrivateUse1.
 // - module.cpp (this file): the Python module, and `call_quietly` (a call whose C++
 //   warnings are dropped: the device's own trials of an op).
 

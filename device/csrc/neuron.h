@@ -6,6 +6,7 @@
 // - hot_path.cpp: the calls on the per-op hot path (`describe`, `empty`) and the kernel
 //                 boundary (`user_facing`);
 // - views.cpp:    the view kernels run in C++ (`view`, `as_strided`, `_reshape_alias`);
+// - sparse.cpp:   the sparse COO kernels that only read or re-point the structure;
 // - module.cpp:   the Python module adaptive_eager_device._C.
 //
 // The overview of what the extension is for is at the top of module.cpp.
@@ -94,6 +95,7 @@ extern PyMethodDef hot_methods[];
 
 // -- the view kernels (views.cpp) ------------------------------------------------------------
 void register_views();  // once, from init()
+void register_sparse();  // once, from init(): the sparse COO kernels of sparse.cpp
 int64_t view_count();   // views the C++ kernels made so far
 
 }  // namespace neuron
