@@ -1,7 +1,8 @@
 """The host-side checks of ``index_put`` that its meta kernel skips.
 
-Entry point: :func:`index_put_checked`, a meta override (``shapes.META_OVERRIDES``) of
-``index_put``, ``index_put_`` and ``_index_put_impl_`` (``x[index] = values``).
+Entry points: :func:`index_put_checked`, a meta override (``shapes.META_OVERRIDES``) of
+``index_put``, ``index_put_`` and ``_index_put_impl_`` (``x[index] = values``), and
+:func:`refuse_device_indices_of_a_host_tensor`.
 
 The meta kernel of ``index_put`` checks neither that the index tensors broadcast
 together, nor that the values broadcast to the indexing result, nor that the values have
@@ -20,8 +21,21 @@ from __future__ import annotations
 
 import torch
 
+from .errors import users_error
+
 _MASKS = (torch.bool, torch.uint8)
-_index = torch.ops.aten.index.Tensor
+_aten = torch.ops.aten
+_index = _aten.index.Tensor
+INDEXING = {_index, _aten.index_put_.default, _aten.index_put.default, _aten._index_put_impl_.default}
+
+
+def refuse_device_indices_of_a_host_tensor(entry, indexed) -> None:
+    """An indexing op whose indexed tensor (argument 0) is a host tensor reaches the device
+    for its device indices: ATen's error, which its meta check (indices on the CPU or on
+    the indexed tensor's device) raises on CUDA and cannot raise on meta tensors."""
+    if isinstance(indexed, torch.Tensor) and indexed.device.type == "cpu":
+        raise users_error(RuntimeError("indices should be either on cpu or on the same device as "
+                                       f"the indexed tensor ({indexed.device})"))
 
 
 def _expandable(shape, desired) -> bool:

@@ -35,6 +35,7 @@ from .streams import STATE as _STREAMS
 from .tensor import describe, device_tensor, reference, storage_of
 from .views import set_metadata
 from .host_ops import run_on_host, run_random_on_host_with_device_generator
+from .index_checks import INDEXING, refuse_device_indices_of_a_host_tensor
 
 aten = torch.ops.aten
 CPU = torch.device("cpu")
@@ -152,6 +153,8 @@ def _record_call(entry, args, kwargs):
                 nested = True
                 refs.append(reference(value, tensor_signature, storage, covers))
         else:
+            if not refs and entry.op in INDEXING:  # a host tensor indexed
+                refuse_device_indices_of_a_host_tensor(entry, value)
             if type(value) is list or type(value) is tuple:
                 nested = True
             refs.append(_convert(entry, value, parts, reads))

@@ -117,3 +117,20 @@ def test_a_mask_with_several_values_runs_on_the_host_with_the_cpus_result():
     then the CPU's result (here a valid call)."""
     call = _setitem(lambda a: a > 1, lambda d: torch.tensor([5.0, 6.0], device=d))
     assert torch.equal(call("neuron").cpu(), call("cpu"))
+
+
+@pytest.mark.usefixtures("any_mode")
+def test_a_host_tensor_indexed_with_device_indices_raises_atens_error():
+    """ATen's meta check (indices on the CPU or on the indexed tensor's device), which CUDA
+    raises and meta tensors cannot: a host tensor with device indices is refused, reading
+    and writing; device tensors take host indices, as on CUDA."""
+    x = torch.arange(24.0).view(2, 3, 4)
+    index = torch.tensor([0, 2, 1])
+    for call in (lambda i: x[:, i], lambda i: x[:, index, None, i.clamp(max=1)], lambda i: x.index_put_((i,), torch.ones(1))):
+        with pytest.raises(RuntimeError, match=r"^indices should be either on cpu or on the same device as the indexed tensor \(cpu\)$"):
+            call(index.to("neuron"))
+    device = x.to("neuron")
+    assert torch.equal(device[:, index].cpu(), x[:, index])
+    device[:, index] = 5.0
+    x[:, index] = 5.0
+    assert torch.equal(device.cpu(), x)
