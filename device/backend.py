@@ -31,7 +31,6 @@ import re
 import warnings
 
 import torch
-from torch._C import _current_graph_task_id
 
 from . import api
 from .autocast import register_autocast
@@ -54,14 +53,13 @@ def _refuse_bad_configuration() -> None:
 
 def _make_handler():
     """The body of every kernel registered here: the op of an ``OpEntry`` on the
-    dispatcher, under the host lock. An error inside ``backward()`` is deferred to the
-    next sync point instead (``defer_in_backward``): PyTorch aborts the process when an
-    error leaves a device op on the autograd engine's thread. Built once, with its names
-    bound: it runs for every op."""
+    dispatcher, under the host lock. Its errors raise at the call, inside ``backward()``
+    too, as on the CPU: the device guard is C++ (``device/csrc/hooks.cpp``), so an error
+    leaving a device op on the autograd engine's thread reaches ``backward()``'s caller.
+    Built once, with its names bound: it runs for every op."""
     from .config import CONFIG
     from .dispatch import run
     from .indices import MULTI, on_its_device
-    from .recorder import defer_in_backward
     from .execution_queue import HOST_LOCK
 
     acquire, release = HOST_LOCK.acquire, HOST_LOCK.release
@@ -75,13 +73,6 @@ def _make_handler():
         acquire()
         try:
             return run(entry, args, kwargs)
-        except Exception as error:
-            if _current_graph_task_id() == -1:  # not inside backward: raise as usual
-                raise
-            result = defer_in_backward(entry.op, args, kwargs, error)
-            if result is None:
-                raise
-            return result
         finally:
             release()
 

@@ -22,6 +22,7 @@ from . import recorder
 from .collectives import run_collective
 from .errors import users_error
 from .host_ops import run_on_host
+from .index_checks import INDEXING, refuse_device_indices_of_a_host_tensor
 from .indices import check_ordinal
 from .op_table import (COLLECTIVE, COPY, DATA_DEPENDENT, DECOMPOSE, HOST_READ, KERNEL, LIKE, LIKE_FILLS, METADATA,
                        NO_OP, VIEW, op_entry)
@@ -112,12 +113,20 @@ def run_like(entry, args, kwargs):
     return dispatch(fill, (out, *fill_args(args)), {})
 
 
+def run_data_dependent(entry, args, kwargs):
+    """An op whose output shape is data (``nonzero``, ``index`` of a mask): on the host,
+    after a sync point; a host tensor indexed with device indices is refused first."""
+    if entry.op in INDEXING and args:
+        refuse_device_indices_of_a_host_tensor(entry, args[0])
+    return run_on_host(entry, args, kwargs, Flush.DATA_DEPENDENT)
+
+
 _HANDLERS = {
     VIEW: lambda entry, args, kwargs: run_view(entry, args, kwargs),
     METADATA: lambda entry, args, kwargs: run_metadata(entry, args, kwargs),
     COPY: run_copy,
     HOST_READ: lambda entry, args, kwargs: run_on_host(entry, args, kwargs, Flush.HOST_READ),
-    DATA_DEPENDENT: lambda entry, args, kwargs: run_on_host(entry, args, kwargs, Flush.DATA_DEPENDENT),
+    DATA_DEPENDENT: lambda entry, args, kwargs: run_data_dependent(entry, args, kwargs),
     COLLECTIVE: lambda entry, args, kwargs: run_collective(entry, args, kwargs),
     DECOMPOSE: decompose,
     LIKE: run_like,

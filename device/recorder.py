@@ -1,8 +1,7 @@
 """Recording a kernel: the low-level recorder under the op routing (``dispatch.py``).
 
 Entry points: :func:`launch` (a kernel op -> outputs now, an :class:`OpRecord` handed to
-the sink), :func:`allocate` (``empty``-like ops: memory, no kernel) and
-:func:`defer_in_backward`.
+the sink) and :func:`allocate` (``empty``-like ops: memory, no kernel).
 
 A kernel is *recorded*: output metadata from cached shape inference (``shapes.py``),
 output tensors created at once over fresh storages, and an :class:`OpRecord` of
@@ -36,6 +35,7 @@ from .streams import STATE as _STREAMS
 from .tensor import describe, device_tensor, reference, storage_of
 from .views import set_metadata
 from .host_ops import run_on_host, run_random_on_host_with_device_generator
+from .index_checks import INDEXING, refuse_device_indices_of_a_host_tensor
 
 aten = torch.ops.aten
 CPU = torch.device("cpu")
@@ -153,6 +153,8 @@ def _record_call(entry, args, kwargs):
                 nested = True
                 refs.append(reference(value, tensor_signature, storage, covers))
         else:
+            if not refs and entry.op in INDEXING:  # a host tensor indexed
+                refuse_device_indices_of_a_host_tensor(entry, value)
             if type(value) is list or type(value) is tuple:
                 nested = True
             refs.append(_convert(entry, value, parts, reads))
@@ -349,40 +351,3 @@ def allocate(entry, args, kwargs):
     nbytes = storage_nbytes(shape, stride, meta.element_size())
     # no bytes yet: the first kernel writing it makes them (an upload's copy), or a read
     return device_tensor(shape, stride, meta.dtype, DeviceStorage(shape, stride, meta.dtype, nbytes), nbytes)
-
-
-def defer_in_backward(op, args, kwargs, error: BaseException):
-    """An op that raised on the host while the autograd engine runs backward: record the
-    error as a deferred device failure and return poisoned outputs, so the error reaches
-    the user at the next sync point, like a kernel failure.
-
-    Raising here is not an option: PyTorch's Python device guard calls back into Python
-    while C++ unwinds the autograd engine's device thread with the Python error still
-    set, and the process aborts ("terminate called without an active exception"). An
-    out-of-memory error during backward is the common case. Returns None, and the caller
-    raises ``error`` after all, when the outputs' metadata cannot be inferred.
-    """
-    from .errors import KernelFailure, describe_call
-
-    entry = op_entry(op)
-    kwargs = kwargs or {}
-    try:
-        inference = infer(entry, args, kwargs, _is_device)
-    except Exception:  # noqa: BLE001 - no metadata: nothing sensible to return
-        return None
-    if inference is NO_META:
-        return None
-    failure = getattr(error, "failure", None)  # a deferred failure a sync point re-raised
-    if failure is None:
-        issue = QUEUE.issued = QUEUE.issued + 1
-        failure = KernelFailure(entry.name, describe_call(entry.name, args, kwargs), capture_location(),
-                                None, error, QUEUE.submitted, issue)
-    outputs = []
-    for spec in inference.outputs:
-        if spec is None:
-            outputs.append(None)
-            continue
-        storage = DeviceStorage.poisoned(spec.shape, spec.stride, spec.dtype, failure)
-        outputs.append(device_tensor(spec.shape, spec.stride, spec.dtype, storage, spec.nbytes))
-    QUEUE.fail(failure, ())  # it never ran: what it updates in place keeps its value
-    return _build_return(entry, inference.structure, outputs, args, kwargs)

@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from . import _C as _native
 from . import cost_model
+from .index_checks import index_put_checked
 from .storage import storage_nbytes
 
 # An OrderedDict used as an LRU by the dispatcher (``get``, ``move_to_end``, ``popitem``:
@@ -195,6 +196,8 @@ META_OVERRIDES.update({
     for overload in (getattr(packet, name) for name in packet.overloads() if name.endswith("out"))
 })
 META_OVERRIDES[_aten.mkldnn_rnn_layer.default] = _probe_in_training
+META_OVERRIDES.update({op: index_put_checked  # the CPU's value shape and dtype checks (index_checks.py)
+                       for op in (_aten.index_put.default, _aten.index_put_.default, _aten._index_put_impl_.default)})
 META_OVERRIDES[_aten.binomial.default] = _like_first_input
 META_OVERRIDES[_aten._sample_dirichlet.default] = _like_first_input
 META_OVERRIDES[_aten.histogram.bins_tensor] = _probe_bin_edges
@@ -399,5 +402,8 @@ for _op, _check in (
     (_aten.index_select.default, _argument_dtype_in(2, (torch.int64, torch.int32))),
     (_aten.nll_loss_forward.default, _argument_dtype_in(1, (torch.int64, torch.uint8))),
     (_aten.nll_loss2d_forward.default, _argument_dtype_in(1, (torch.int64, torch.uint8))),
+    (_aten.complex.default, _one_dtype),  # real and imaginary parts of one dtype
+    (_aten.polar.default, _one_dtype),  # absolute value and angle of one dtype
+    (_aten.logcumsumexp.out, _one_dtype),  # out= of the input's dtype
 ):
     META_OVERRIDES[_op] = _dtypes_checked_on_cpu(_check, META_OVERRIDES.get(_op))

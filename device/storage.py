@@ -177,19 +177,6 @@ class DeviceStorage:
             append(storage)
         return storages
 
-    @classmethod
-    def poisoned(cls, shape, stride, dtype, failure) -> "DeviceStorage":
-        """A storage that holds no memory and no valid data: the output of an op that
-        failed on the host where it could not raise (inside backward; see
-        ``recorder.defer_in_backward``). Reading it raises ``failure``."""
-        storage = cls.__new__(cls)
-        storage.nbytes = None  # nothing booked, nothing to free
-        storage.shape, storage.stride, storage.dtype = shape, stride, dtype
-        storage.data = None
-        storage.poison = failure
-        storage.alive = True
-        return storage
-
     def __del__(self) -> None:
         nbytes = self.nbytes
         if nbytes is None:
