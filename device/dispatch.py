@@ -115,10 +115,19 @@ def run_like(entry, args, kwargs):
 
 def run_data_dependent(entry, args, kwargs):
     """An op whose output shape is data (``nonzero``, ``index`` of a mask): on the host,
-    after a sync point; a host tensor indexed with device indices is refused first."""
+    after a sync point; a host tensor indexed with device indices is refused first.
+    ``index`` with integer indices alone (a gather, ``x[idx]``) has the shape of its
+    indices: it is a kernel like any other (an index out of range fails on the queue)."""
+    if entry.op is aten.index.Tensor and len(args) > 1 and not _masks_among(args[1]):
+        return recorder.record_kernel(entry, args, kwargs)
     if entry.op in INDEXING and args:
         refuse_device_indices_of_a_host_tensor(entry, args[0])
     return run_on_host(entry, args, kwargs, Flush.DATA_DEPENDENT)
+
+
+def _masks_among(indices) -> bool:
+    """Is any of ``index``'s indices a mask (bool or uint8), whose count of True is the shape?"""
+    return any(index is not None and index.dtype in (torch.bool, torch.uint8) for index in indices)
 
 
 _HANDLERS = {

@@ -45,6 +45,25 @@ def test_data_dependent_ops_sync_and_match(any_mode):
     assert any(reason.startswith("data_dependent") for reason in stats["sync_points"])
 
 
+def test_a_gather_with_integer_indices_is_a_kernel_not_a_sync_point(any_mode):
+    """``x[idx]`` with integer indices (device, host or negative) has the shape of its
+    indices: it queues like any kernel; only a mask's gather must sync. An index out of
+    range fails on the queue and surfaces at the next sync point, as a CUDA device assert."""
+    x = torch.randn(5, 4)
+    d = x.to("neuron")
+    rows, cols = torch.tensor([0, 3, -1]), torch.tensor([1, 2, 0])
+    gathered = [d[rows.to("neuron")], d[torch.arange(3, device="neuron"), cols.to("neuron")], d[:, cols]]
+    adaptive_eager.synchronize()
+    adaptive_eager.reset_stats()
+    again = d[rows.to("neuron")] * 2
+    assert not any(reason.startswith("data_dependent") for reason in adaptive_eager.stats()["sync_points"])
+    for result, expected in zip(gathered + [again], [x[rows], x[torch.arange(3), cols], x[:, cols], x[rows] * 2]):
+        assert_same(result, expected)
+    out_of_range = d[torch.tensor([7], device="neuron")]
+    with pytest.raises(adaptive_eager.NeuronRuntimeError, match="(?s)aten::index.*out of bounds"):
+        out_of_range.cpu()
+
+
 def test_strict_statistics_count_exactly(strict_mode):
     x = torch.ones(8, device="neuron")  # empty + fill_: one kernel
     y = (x * 2 + 1).relu()  # three kernels
