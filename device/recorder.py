@@ -227,6 +227,8 @@ def record_kernel(entry, args, kwargs):
         SHAPE_CACHE.move_to_end(signature)
     if inference is NO_META:
         return run_on_host(entry, args, kwargs or {}, Flush.FALLBACK)
+    if inference.warnings:
+        _forward_warnings(inference.warnings)
     if inference.resized:
         _resize_outputs(inference.resized, args, kwargs)
         signature, refs, kwrefs, reads, nested = _record_call(entry, args, kwargs)
@@ -286,6 +288,13 @@ def _resize_outputs(resized, args, kwargs):
         storage = DeviceStorage(spec.shape, spec.stride, spec.dtype, spec.nbytes)
         fresh = device_tensor(spec.shape, spec.stride, spec.dtype, storage, spec.nbytes)
         set_metadata(tensor, fresh.untyped_storage(), 0, spec.shape, spec.stride)
+
+
+def _forward_warnings(kept) -> None:
+    """The CPU's warnings for this call's arguments (``shapes.check_on_cpu``), at the
+    user's line, at each call: the kernel runs on the worker, whose warnings reach no one."""
+    for message, category in kept:
+        warn_at_user_line(message, category)
 
 
 def _warn_resized(shape, required) -> None:

@@ -65,9 +65,9 @@ class Inference:
     None); ``structure`` is "tensor", "tuple", "list" or "none" (how the op returns them).
     """
 
-    __slots__ = ("outputs", "structure", "cost", "resized", "signature_id", "signature")
+    __slots__ = ("outputs", "structure", "cost", "resized", "warnings", "signature_id", "signature")
 
-    def __init__(self, outputs, structure, cost, resized=()) -> None:
+    def __init__(self, outputs, structure, cost, resized=(), warnings=()) -> None:
         self.signature_id = next(_SIGNATURE_IDS)  # a small, never reused number for this signature
         self.signature = None  # the signature itself (set by the dispatcher)
         self.outputs = outputs
@@ -75,6 +75,8 @@ class Inference:
         self.cost = cost
         # ``out=`` arguments the op resizes: ((index, name, OutputSpec), ...)
         self.resized = resized
+        # the CPU's warnings for these arguments, given at each call: ((message, category), ...)
+        self.warnings = warnings
 
 
 def _probe_on_cpu(op, meta_args, meta_kwargs, increasing=()):
@@ -172,14 +174,14 @@ def _probe_bin_edges(op, meta_args, meta_kwargs):
 
 
 def _out_keeps_its_shape(op, meta_args, meta_kwargs):
-    """linspace/logspace with ``out=``: the CPU kernel resizes ``out`` only when its
-    number of elements is not ``steps`` (a (2, 2) view takes 4 steps in place, written
-    through to its base), where the meta kernel resizes it to (steps,) whenever the shape
-    differs."""
-    out, steps = meta_kwargs["out"], meta_args[2]
-    if out.numel() != steps:
+    """arange/linspace/logspace with ``out=``: the CPU kernels resize ``out`` only when
+    its number of elements is not the result's (a (2, 2) view takes 4 values in place,
+    written through to its base), where the meta kernels resize it to 1-d whenever the
+    shape differs. The meta run on an empty ``out`` gives the count (and the checks)."""
+    out = meta_kwargs["out"]
+    result = op(*meta_args, **dict(meta_kwargs, out=torch.empty(0, dtype=out.dtype, device="meta")))
+    if out.numel() != result.numel():
         return op(*meta_args, **meta_kwargs)
-    op(*meta_args, **dict(meta_kwargs, out=torch.empty(steps, dtype=out.dtype, device="meta")))  # its checks
     return out
 
 
@@ -191,7 +193,7 @@ def _like_first_input(op, meta_args, meta_kwargs):
 
 META_OVERRIDES.update({
     overload: _out_keeps_its_shape
-    for packet in (_aten.linspace, _aten.logspace)
+    for packet in (_aten.arange, _aten.linspace, _aten.logspace)
     for overload in (getattr(packet, name) for name in packet.overloads() if name.endswith("out"))
 })
 META_OVERRIDES[_aten.mkldnn_rnn_layer.default] = _probe_in_training
@@ -214,13 +216,19 @@ META_OVERRIDES.update({
 _INDEX_ARGUMENTS = {"index", "indices"}
 
 
-def check_on_cpu(entry, meta_args, meta_kwargs) -> None:
+def check_on_cpu(entry, meta_args, meta_kwargs) -> tuple:
     """Try the op on one-element CPU tensors of ones, of the arguments' ranks and dtypes
     (they broadcast with anything; zeros would divide by zero; an index is 0): the argument
     checks the meta kernel skips (an in-place cast the CPU refuses, ``uniform_(2, 1)``,
     softmax's dim) raise :class:`MetaRejected` as a rejection by the meta kernel does, so
     the dispatcher runs the op on the CPU, which raises its own error at the call. A
-    sampler draws from a throwaway generator."""
+    sampler draws from a throwaway generator.
+
+    Returns the warnings the CPU gave for these arguments (``random_(0, 2**60)`` on
+    float32, a uint8 mask): ``((message, category), ...)``, which the recorder gives the
+    user at each call with this signature (``recorder._forward_warnings``), as the CPU
+    kernel would; the kernel itself runs on the device's worker, whose warnings reach no
+    one. An ``out=`` tensor's resize warning is the recorder's own."""
 
     def empty(value, fill=torch.ones):
         if isinstance(value, torch.Tensor):
@@ -245,11 +253,14 @@ def check_on_cpu(entry, meta_args, meta_kwargs) -> None:
     if entry.generator_arg is not None:
         kwargs[entry.generator_arg] = torch.Generator()
     try:
-        with _disable_current_modes(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the trial's own (an out= tensor resized), Python's and C++'s
-            _native.call_quietly("", entry.op, *args, **kwargs)
+        with _disable_current_modes(), warnings.catch_warnings(record=True) as python_warnings:
+            warnings.simplefilter("always")
+            _, cpp_warnings = _native.call_recording(entry.op, *args, **kwargs)
     except Exception as error:  # noqa: BLE001 - the CPU refuses these arguments
         raise MetaRejected(error) from error
+    kept = [(str(w.message), w.category) for w in python_warnings]
+    kept += [(message, DeprecationWarning if deprecation else UserWarning) for message, deprecation in cpp_warnings]
+    return tuple((message, category) for message, category in kept if not message.startswith(RESIZED_WARNING))
 
 
 def _to_meta(value):
@@ -306,8 +317,7 @@ def infer(entry, args, kwargs, is_device=lambda value: False) -> Inference | str
         if "meta" in str(error).lower() and "not implemented" in str(error).lower():
             return NO_META
         raise MetaRejected(error) from error
-    if entry.checked_on_cpu:
-        check_on_cpu(entry, meta_args, meta_kwargs)
+    cpu_warnings = check_on_cpu(entry, meta_args, meta_kwargs) if entry.checked_on_cpu else ()
 
     if isinstance(result, torch.Tensor):
         structure, values = "tensor", (result,)
@@ -345,7 +355,7 @@ def infer(entry, args, kwargs, is_device=lambda value: False) -> Inference | str
         write_bytes=_device_tensor_bytes(mutated_values, is_device),
         result_bytes=[0 if spec is None else _numel(spec.shape) * spec.dtype.itemsize for spec in outputs],
     )
-    return Inference(outputs, structure, cost, tuple(resized))
+    return Inference(outputs, structure, cost, tuple(resized), cpu_warnings)
 
 
 def _numel(shape) -> int:
