@@ -97,14 +97,16 @@ def _probe_on_cpu(op, meta_args, meta_kwargs, increasing=()):
     def ascending(value):
         return torch.arange(value.numel(), device="cpu").to(value.dtype).reshape(value.shape)
 
-    def zeros(value):
-        return torch.zeros_like(value, device="cpu")
+    def zeros(value):  # with the argument's strides (a slice's too: they decide the output's)
+        extent = 1 + sum((size - 1) * stride for size, stride in zip(value.shape, value.stride())) if value.numel() else 0
+        return torch.zeros(extent, dtype=value.dtype).as_strided(value.shape, value.stride())
 
     args = [cpu(v, ascending if i in increasing else zeros) for i, v in enumerate(meta_args)]
     result = op(*args, **{k: cpu(v, zeros) for k, v in meta_kwargs.items()})
+    # the CPU's strides exactly (``.to("meta")`` would remake a size-1 dimension's)
     if isinstance(result, torch.Tensor):
-        return result.to("meta")
-    return type(result)(r.to("meta") if isinstance(r, torch.Tensor) else r for r in result)
+        return _to_meta(result)
+    return type(result)(_to_meta(r) if isinstance(r, torch.Tensor) else r for r in result)
 
 
 _REDUCED_PRECISION = (torch.bfloat16, torch.float16)
@@ -197,6 +199,9 @@ META_OVERRIDES.update({
     for overload in (getattr(packet, name) for name in packet.overloads() if name.endswith("out"))
 })
 META_OVERRIDES[_aten.mkldnn_rnn_layer.default] = _probe_in_training
+# one sample (input of 0 or 1 dims) with reduction "none": the CPU's loss is 0-d, the
+# meta kernel's has shape (1,)
+META_OVERRIDES[_aten.multilabel_margin_loss_forward.default] = _probe_on_cpu
 META_OVERRIDES[_aten.binomial.default] = _like_first_input
 META_OVERRIDES[_aten._sample_dirichlet.default] = _like_first_input
 META_OVERRIDES[_aten.histogram.bins_tensor] = _probe_bin_edges
@@ -345,6 +350,8 @@ def infer(entry, args, kwargs, is_device=lambda value: False) -> Inference | str
                 raise MetaRejected(RuntimeError(f"{entry.name} would resize its input"))
             resized.append((index, name, OutputSpec(value)))
         written.extend(t for t in _flatten([value]) if isinstance(t, torch.Tensor))
+    if resized and torch.Tag.pointwise in op.tags:
+        resized = _strides_as_the_cpu_resizes(op, args, kwargs, resized)
     mutated_values = [args[i] if i < len(args) else kwargs.get(name) for i, name in entry.mutated]
     cost = cost_model.op_cost(
         op,
@@ -356,6 +363,22 @@ def infer(entry, args, kwargs, is_device=lambda value: False) -> Inference | str
         result_bytes=[0 if spec is None else _numel(spec.shape) * spec.dtype.itemsize for spec in outputs],
     )
     return Inference(outputs, structure, cost, tuple(resized), cpu_warnings)
+
+
+def _strides_as_the_cpu_resizes(op, args, kwargs, resized):
+    """A pointwise op's ``out=`` tensors of another shape: the CPU's TensorIterator gives
+    a resized output the strides of its inputs' layout (``torch.add(x.permute(0, 2, 1),
+    1, out=torch.empty(0))`` has the permuted strides), where the meta kernels resize it
+    contiguous. A CPU probe (``_probe_on_cpu``, once per signature) gives the CPU's;
+    where the probe fails (zeros it cannot take), the meta kernel's stand."""
+    try:
+        result = _probe_on_cpu(op, _to_meta(args), {k: _to_meta(v) for k, v in kwargs.items()})
+    except Exception:  # noqa: BLE001 - the meta kernel already accepted these arguments
+        return resized
+    probed = [v for v in _flatten([result]) if isinstance(v, torch.Tensor)]
+    if len(probed) != len(resized):
+        return resized
+    return tuple((index, name, OutputSpec(value)) for (index, name, _), value in zip(resized, probed))
 
 
 def _numel(shape) -> int:

@@ -502,3 +502,31 @@ def test_the_cpus_warnings_for_the_arguments_reach_the_user_at_each_call(name):
     assert len(cpu) >= 2 and neuron == cpu
     if "random" not in name:
         assert_same(neuron_result, cpu_result)
+
+
+# -- a pointwise op's out= tensor resized takes the strides the CPU gives it ----------------
+@pytest.mark.usefixtures("any_mode")
+@pytest.mark.parametrize("make", [lambda d: torch.randn(2, 3, 4, device=d).permute(0, 2, 1),
+                                  lambda d: torch.randn(1, 1, 4, 12, device=d)[:, :, :, ::2].permute(2, 0, 3, 1)],
+                         ids=["permuted", "sliced with size-1 dims"])
+@pytest.mark.parametrize("op", [torch.add, torch.eq, torch.exp])
+def test_pointwise_out_resized_from_empty_keeps_the_cpus_strides(make, op):
+    torch.manual_seed(0)
+    x = make("cpu")
+    args = (x,) if op is torch.exp else (x, x)
+    expected = op(*args, out=torch.empty(0, dtype=op(*args).dtype))
+    neuron_args = tuple(a.to("neuron") if a is not x else make("neuron").copy_(x.to("neuron")) for a in args)
+    result = op(*neuron_args, out=torch.empty(0, dtype=expected.dtype, device="neuron"))
+    assert result.stride() == expected.stride()
+    assert_same(result, expected)
+
+
+@pytest.mark.usefixtures("any_mode")
+@pytest.mark.parametrize("shape", [(), (3,), (2, 3)])
+def test_multilabel_margin_loss_of_one_sample_unreduced(shape):
+    torch.manual_seed(0)
+    x, target = torch.randn(shape), torch.zeros(shape, dtype=torch.long)
+    expected = F.multilabel_margin_loss(x, target, reduction="none")
+    result = F.multilabel_margin_loss(x.to("neuron"), target.to("neuron"), reduction="none")
+    assert result.shape == expected.shape
+    assert_same(result, expected)
