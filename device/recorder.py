@@ -230,7 +230,7 @@ def record_kernel(entry, args, kwargs):
     if inference.warnings:
         _forward_warnings(inference.warnings)
     if inference.resized:
-        _resize_outputs(inference.resized, args, kwargs)
+        _resize_outputs(inference.resized, args, kwargs, inference.resize_warns)
         signature, refs, kwrefs, reads, nested = _record_call(entry, args, kwargs)
         signature = tuple(signature)
 
@@ -271,14 +271,14 @@ def _explicit_generator(kwargs) -> bool:
     return generator is not None and generator is not GENERATOR and generator.device.type != "neuron"
 
 
-def _resize_outputs(resized, args, kwargs):
+def _resize_outputs(resized, args, kwargs, warns=True):
     """``out=`` tensors of the wrong shape are resized as ATen's ``resize_`` does: new
     contiguous metadata over the same storage at the same offset when it is large
     enough (so a view written through still writes its base), else a fresh storage of
     the right size (growing from empty is the common case: ``torch.arange(n, out=...)``)."""
     for index, name, spec in resized:
         tensor = args[index] if index < len(args) else kwargs[name]
-        if tensor.numel() and tuple(tensor.shape) != tuple(spec.shape):
+        if warns and tensor.numel() and tuple(tensor.shape) != tuple(spec.shape):
             _warn_resized(tensor.shape, spec.shape)
         offset = tensor.storage_offset()
         needed = (storage_nbytes(spec.shape, spec.stride, 1) + offset) * tensor.element_size()

@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from . import _C as _native
 from . import cost_model
+from .cpu_warnings import RESIZED_WARNING, CpuWarned, cpu_warnings, kept_warnings
 from .storage import storage_nbytes
 
 # An OrderedDict used as an LRU by the dispatcher (``get``, ``move_to_end``, ``popitem``:
@@ -65,9 +66,9 @@ class Inference:
     None); ``structure`` is "tensor", "tuple", "list" or "none" (how the op returns them).
     """
 
-    __slots__ = ("outputs", "structure", "cost", "resized", "warnings", "signature_id", "signature")
+    __slots__ = ("outputs", "structure", "cost", "resized", "warnings", "resize_warns", "signature_id", "signature")
 
-    def __init__(self, outputs, structure, cost, resized=(), warnings=()) -> None:
+    def __init__(self, outputs, structure, cost, resized=(), warnings=(), resize_warns=True) -> None:
         self.signature_id = next(_SIGNATURE_IDS)  # a small, never reused number for this signature
         self.signature = None  # the signature itself (set by the dispatcher)
         self.outputs = outputs
@@ -77,6 +78,8 @@ class Inference:
         self.resized = resized
         # the CPU's warnings for these arguments, given at each call: ((message, category), ...)
         self.warnings = warnings
+        # whether a resized out= tensor with elements gets ATen's resize warning
+        self.resize_warns = resize_warns
 
 
 def _probe_on_cpu(op, meta_args, meta_kwargs, increasing=()):
@@ -179,12 +182,16 @@ def _out_keeps_its_shape(op, meta_args, meta_kwargs):
     """arange/linspace/logspace with ``out=``: the CPU kernels resize ``out`` only when
     its number of elements is not the result's (a (2, 2) view takes 4 values in place,
     written through to its base), where the meta kernels resize it to 1-d whenever the
-    shape differs. The meta run on an empty ``out`` gives the count (and the checks)."""
+    shape differs. The meta run on an empty ``out`` gives the count (and the checks).
+    When the count differs, the CPU kernel resizes ``out`` with ``resize_``, without
+    ATen's resize warning, and warns as it will (arange: "The out tensor will be
+    resized"): the CPU's warnings come with the result (:class:`CpuWarned`)."""
     out = meta_kwargs["out"]
     result = op(*meta_args, **dict(meta_kwargs, out=torch.empty(0, dtype=out.dtype, device="meta")))
-    if out.numel() != result.numel():
-        return op(*meta_args, **meta_kwargs)
-    return out
+    if out.numel() == result.numel():
+        return out
+    given = cpu_warnings(op, meta_args, meta_kwargs)
+    return CpuWarned(op(*meta_args, **meta_kwargs), given)
 
 
 def _like_first_input(op, meta_args, meta_kwargs):
@@ -263,9 +270,7 @@ def check_on_cpu(entry, meta_args, meta_kwargs) -> tuple:
             _, cpp_warnings = _native.call_recording(entry.op, *args, **kwargs)
     except Exception as error:  # noqa: BLE001 - the CPU refuses these arguments
         raise MetaRejected(error) from error
-    kept = [(str(w.message), w.category) for w in python_warnings]
-    kept += [(message, DeprecationWarning if deprecation else UserWarning) for message, deprecation in cpp_warnings]
-    return tuple((message, category) for message, category in kept if not message.startswith(RESIZED_WARNING))
+    return kept_warnings(python_warnings, cpp_warnings)
 
 
 def _to_meta(value):
@@ -288,10 +293,6 @@ def _device_tensor_bytes(values, is_device):
             yield value.numel() * value.element_size()
         elif isinstance(value, (list, tuple)):
             yield from _device_tensor_bytes(value, is_device)
-
-
-# How ATen's resize_output's warning starts (Resize.cpp), for an out= tensor with elements
-RESIZED_WARNING = "An output with one or more elements was resized"
 
 
 def infer(entry, args, kwargs, is_device=lambda value: False) -> Inference | str:
@@ -322,7 +323,13 @@ def infer(entry, args, kwargs, is_device=lambda value: False) -> Inference | str
         if "meta" in str(error).lower() and "not implemented" in str(error).lower():
             return NO_META
         raise MetaRejected(error) from error
-    cpu_warnings = check_on_cpu(entry, meta_args, meta_kwargs) if entry.checked_on_cpu else ()
+    resize_warns = True  # ATen's resize warning for an out= tensor with elements
+    if isinstance(result, CpuWarned):  # the CPU kernel's own warnings instead
+        result, given, resize_warns = result.result, result.warnings, False
+    else:
+        given = ()
+    if entry.checked_on_cpu:
+        given += check_on_cpu(entry, meta_args, meta_kwargs)
 
     if isinstance(result, torch.Tensor):
         structure, values = "tensor", (result,)
@@ -362,7 +369,7 @@ def infer(entry, args, kwargs, is_device=lambda value: False) -> Inference | str
         write_bytes=_device_tensor_bytes(mutated_values, is_device),
         result_bytes=[0 if spec is None else _numel(spec.shape) * spec.dtype.itemsize for spec in outputs],
     )
-    return Inference(outputs, structure, cost, tuple(resized), cpu_warnings)
+    return Inference(outputs, structure, cost, tuple(resized), given, resize_warns)
 
 
 def _strides_as_the_cpu_resizes(op, args, kwargs, resized):

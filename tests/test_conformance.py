@@ -530,3 +530,17 @@ def test_multilabel_margin_loss_of_one_sample_unreduced(shape):
     result = F.multilabel_margin_loss(x.to("neuron"), target.to("neuron"), reduction="none")
     assert result.shape == expected.shape
     assert_same(result, expected)
+
+
+# the range factories resize an out= tensor of another count with resize_, quietly; arange
+# warns its own "The out tensor will be resized"
+@pytest.mark.usefixtures("any_mode")
+@pytest.mark.parametrize("call", [lambda o: torch.arange(-1, 1, 2.0 / 49, dtype=torch.float32, out=o),
+                                  lambda o: torch.linspace(0, 1, 6, out=o)], ids=["arange", "linspace"])
+def test_range_factories_into_an_out_tensor_of_another_count_warn_as_the_cpu(call):
+    def run(device):
+        return _warnings_of(lambda d: call(torch.zeros(1, 49, device=d)), device)
+
+    (neuron, neuron_result), (cpu, cpu_result) = run("neuron"), run("cpu")
+    assert neuron == cpu
+    assert_same(neuron_result, cpu_result)
