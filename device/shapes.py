@@ -379,7 +379,10 @@ def _strides_as_the_cpu_resizes(op, args, kwargs, resized):
     contiguous. A CPU probe (``_probe_on_cpu``, once per signature) gives the CPU's;
     where the probe fails (zeros it cannot take), the meta kernel's stand."""
     try:
-        result = _probe_on_cpu(op, _to_meta(args), {k: _to_meta(v) for k, v in kwargs.items()})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the probe's own (its out= resized), Python's and C++'s
+            result = _native.call_quietly("", _probe_on_cpu, op, _to_meta(args),
+                                          {k: _to_meta(v) for k, v in kwargs.items()})
     except Exception:  # noqa: BLE001 - the meta kernel already accepted these arguments
         return resized
     probed = [v for v in _flatten([result]) if isinstance(v, torch.Tensor)]
