@@ -82,7 +82,9 @@ _CHECKED_ON_CPU = {aten._softmax.default, aten.smooth_l1_loss.default, aten.celu
                    aten.index_fill.int_Scalar, aten.index_fill_.int_Scalar,
                    # a negative slope where the forward ran in place (is_result)
                    aten.elu_backward.default, aten.leaky_relu_backward.default,
-                   aten.rrelu_with_noise_backward.default}
+                   aten.rrelu_with_noise_backward.default,
+                   # the CPU's warning for a uint8 mask (shapes.check_on_cpu forwards it)
+                   aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default}
 _COPY_OPS = {aten.copy_.default, aten._to_copy.default, aten._copy_from.default, aten._copy_from_and_resize.default}
 # Host reads the schema does not tag as data-dependent.
 _HOST_READS = {aten.is_nonzero.default, aten._local_scalar_dense.default}

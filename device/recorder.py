@@ -229,8 +229,10 @@ def record_kernel(entry, args, kwargs):
         SHAPE_CACHE.move_to_end(signature)
     if inference is NO_META:
         return run_on_host(entry, args, kwargs or {}, Flush.FALLBACK)
+    if inference.warnings:
+        _forward_warnings(inference.warnings)
     if inference.resized:
-        _resize_outputs(inference.resized, args, kwargs)
+        _resize_outputs(inference.resized, args, kwargs, inference.resize_warns)
         signature, refs, kwrefs, reads, nested = _record_call(entry, args, kwargs)
         signature = tuple(signature)
 
@@ -271,14 +273,14 @@ def _explicit_generator(kwargs) -> bool:
     return generator is not None and generator is not GENERATOR and generator.device.type != "neuron"
 
 
-def _resize_outputs(resized, args, kwargs):
+def _resize_outputs(resized, args, kwargs, warns=True):
     """``out=`` tensors of the wrong shape are resized as ATen's ``resize_`` does: new
     contiguous metadata over the same storage at the same offset when it is large
     enough (so a view written through still writes its base), else a fresh storage of
     the right size (growing from empty is the common case: ``torch.arange(n, out=...)``)."""
     for index, name, spec in resized:
         tensor = args[index] if index < len(args) else kwargs[name]
-        if tensor.numel() and tuple(tensor.shape) != tuple(spec.shape):
+        if warns and tensor.numel() and tuple(tensor.shape) != tuple(spec.shape):
             _warn_resized(tensor.shape, spec.shape)
         offset = tensor.storage_offset()
         needed = (storage_nbytes(spec.shape, spec.stride, 1) + offset) * tensor.element_size()
@@ -288,6 +290,13 @@ def _resize_outputs(resized, args, kwargs):
         storage = DeviceStorage(spec.shape, spec.stride, spec.dtype, spec.nbytes)
         fresh = device_tensor(spec.shape, spec.stride, spec.dtype, storage, spec.nbytes)
         set_metadata(tensor, fresh.untyped_storage(), 0, spec.shape, spec.stride)
+
+
+def _forward_warnings(kept) -> None:
+    """The CPU's warnings for this call's arguments (``shapes.check_on_cpu``), at the
+    user's line, at each call: the kernel runs on the worker, whose warnings reach no one."""
+    for message, category in kept:
+        warn_at_user_line(message, category)
 
 
 def _warn_resized(shape, required) -> None:

@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from . import _C as _native
 from . import cost_model
 from .index_checks import index_put_checked
+from .cpu_warnings import RESIZED_WARNING, CpuWarned, cpu_warnings, kept_warnings
 from .storage import storage_nbytes
 
 # An OrderedDict used as an LRU by the dispatcher (``get``, ``move_to_end``, ``popitem``:
@@ -66,9 +67,9 @@ class Inference:
     None); ``structure`` is "tensor", "tuple", "list" or "none" (how the op returns them).
     """
 
-    __slots__ = ("outputs", "structure", "cost", "resized", "signature_id", "signature")
+    __slots__ = ("outputs", "structure", "cost", "resized", "warnings", "resize_warns", "signature_id", "signature")
 
-    def __init__(self, outputs, structure, cost, resized=()) -> None:
+    def __init__(self, outputs, structure, cost, resized=(), warnings=(), resize_warns=True) -> None:
         self.signature_id = next(_SIGNATURE_IDS)  # a small, never reused number for this signature
         self.signature = None  # the signature itself (set by the dispatcher)
         self.outputs = outputs
@@ -76,6 +77,10 @@ class Inference:
         self.cost = cost
         # ``out=`` arguments the op resizes: ((index, name, OutputSpec), ...)
         self.resized = resized
+        # the CPU's warnings for these arguments, given at each call: ((message, category), ...)
+        self.warnings = warnings
+        # whether a resized out= tensor with elements gets ATen's resize warning
+        self.resize_warns = resize_warns
 
 
 def _probe_on_cpu(op, meta_args, meta_kwargs, increasing=()):
@@ -96,14 +101,16 @@ def _probe_on_cpu(op, meta_args, meta_kwargs, increasing=()):
     def ascending(value):
         return torch.arange(value.numel(), device="cpu").to(value.dtype).reshape(value.shape)
 
-    def zeros(value):
-        return torch.zeros_like(value, device="cpu")
+    def zeros(value):  # with the argument's strides (a slice's too: they decide the output's)
+        extent = 1 + sum((size - 1) * stride for size, stride in zip(value.shape, value.stride())) if value.numel() else 0
+        return torch.zeros(extent, dtype=value.dtype).as_strided(value.shape, value.stride())
 
     args = [cpu(v, ascending if i in increasing else zeros) for i, v in enumerate(meta_args)]
     result = op(*args, **{k: cpu(v, zeros) for k, v in meta_kwargs.items()})
+    # the CPU's strides exactly (``.to("meta")`` would remake a size-1 dimension's)
     if isinstance(result, torch.Tensor):
-        return result.to("meta")
-    return type(result)(r.to("meta") if isinstance(r, torch.Tensor) else r for r in result)
+        return _to_meta(result)
+    return type(result)(_to_meta(r) if isinstance(r, torch.Tensor) else r for r in result)
 
 
 _REDUCED_PRECISION = (torch.bfloat16, torch.float16)
@@ -173,15 +180,19 @@ def _probe_bin_edges(op, meta_args, meta_kwargs):
 
 
 def _out_keeps_its_shape(op, meta_args, meta_kwargs):
-    """linspace/logspace with ``out=``: the CPU kernel resizes ``out`` only when its
-    number of elements is not ``steps`` (a (2, 2) view takes 4 steps in place, written
-    through to its base), where the meta kernel resizes it to (steps,) whenever the shape
-    differs."""
-    out, steps = meta_kwargs["out"], meta_args[2]
-    if out.numel() != steps:
-        return op(*meta_args, **meta_kwargs)
-    op(*meta_args, **dict(meta_kwargs, out=torch.empty(steps, dtype=out.dtype, device="meta")))  # its checks
-    return out
+    """arange/linspace/logspace with ``out=``: the CPU kernels resize ``out`` only when
+    its number of elements is not the result's (a (2, 2) view takes 4 values in place,
+    written through to its base), where the meta kernels resize it to 1-d whenever the
+    shape differs. The meta run on an empty ``out`` gives the count (and the checks).
+    When the count differs, the CPU kernel resizes ``out`` with ``resize_``, without
+    ATen's resize warning, and warns as it will (arange: "The out tensor will be
+    resized"): the CPU's warnings come with the result (:class:`CpuWarned`)."""
+    out = meta_kwargs["out"]
+    result = op(*meta_args, **dict(meta_kwargs, out=torch.empty(0, dtype=out.dtype, device="meta")))
+    if out.numel() == result.numel():
+        return out
+    given = cpu_warnings(op, meta_args, meta_kwargs)
+    return CpuWarned(op(*meta_args, **meta_kwargs), given)
 
 
 def _like_first_input(op, meta_args, meta_kwargs):
@@ -192,12 +203,15 @@ def _like_first_input(op, meta_args, meta_kwargs):
 
 META_OVERRIDES.update({
     overload: _out_keeps_its_shape
-    for packet in (_aten.linspace, _aten.logspace)
+    for packet in (_aten.arange, _aten.linspace, _aten.logspace)
     for overload in (getattr(packet, name) for name in packet.overloads() if name.endswith("out"))
 })
 META_OVERRIDES[_aten.mkldnn_rnn_layer.default] = _probe_in_training
 META_OVERRIDES.update({op: index_put_checked  # the CPU's value shape and dtype checks (index_checks.py)
                        for op in (_aten.index_put.default, _aten.index_put_.default, _aten._index_put_impl_.default)})
+# one sample (input of 0 or 1 dims) with reduction "none": the CPU's loss is 0-d, the
+# meta kernel's has shape (1,)
+META_OVERRIDES[_aten.multilabel_margin_loss_forward.default] = _probe_on_cpu
 META_OVERRIDES[_aten.binomial.default] = _like_first_input
 META_OVERRIDES[_aten._sample_dirichlet.default] = _like_first_input
 META_OVERRIDES[_aten.histogram.bins_tensor] = _probe_bin_edges
@@ -217,13 +231,19 @@ META_OVERRIDES.update({
 _INDEX_ARGUMENTS = {"index", "indices"}
 
 
-def check_on_cpu(entry, meta_args, meta_kwargs) -> None:
+def check_on_cpu(entry, meta_args, meta_kwargs) -> tuple:
     """Try the op on one-element CPU tensors of ones, of the arguments' ranks and dtypes
     (they broadcast with anything; zeros would divide by zero; an index is 0): the argument
     checks the meta kernel skips (an in-place cast the CPU refuses, ``uniform_(2, 1)``,
     softmax's dim) raise :class:`MetaRejected` as a rejection by the meta kernel does, so
     the dispatcher runs the op on the CPU, which raises its own error at the call. A
-    sampler draws from a throwaway generator."""
+    sampler draws from a throwaway generator.
+
+    Returns the warnings the CPU gave for these arguments (``random_(0, 2**60)`` on
+    float32, a uint8 mask): ``((message, category), ...)``, which the recorder gives the
+    user at each call with this signature (``recorder._forward_warnings``), as the CPU
+    kernel would; the kernel itself runs on the device's worker, whose warnings reach no
+    one. An ``out=`` tensor's resize warning is the recorder's own."""
 
     def empty(value, fill=torch.ones):
         if isinstance(value, torch.Tensor):
@@ -248,11 +268,12 @@ def check_on_cpu(entry, meta_args, meta_kwargs) -> None:
     if entry.generator_arg is not None:
         kwargs[entry.generator_arg] = torch.Generator()
     try:
-        with _disable_current_modes(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the trial's own (an out= tensor resized), Python's and C++'s
-            _native.call_quietly("", entry.op, *args, **kwargs)
+        with _disable_current_modes(), warnings.catch_warnings(record=True) as python_warnings:
+            warnings.simplefilter("always")
+            _, cpp_warnings = _native.call_recording(entry.op, *args, **kwargs)
     except Exception as error:  # noqa: BLE001 - the CPU refuses these arguments
         raise MetaRejected(error) from error
+    return kept_warnings(python_warnings, cpp_warnings)
 
 
 def _to_meta(value):
@@ -275,10 +296,6 @@ def _device_tensor_bytes(values, is_device):
             yield value.numel() * value.element_size()
         elif isinstance(value, (list, tuple)):
             yield from _device_tensor_bytes(value, is_device)
-
-
-# How ATen's resize_output's warning starts (Resize.cpp), for an out= tensor with elements
-RESIZED_WARNING = "An output with one or more elements was resized"
 
 
 def infer(entry, args, kwargs, is_device=lambda value: False) -> Inference | str:
@@ -309,8 +326,13 @@ def infer(entry, args, kwargs, is_device=lambda value: False) -> Inference | str
         if "meta" in str(error).lower() and "not implemented" in str(error).lower():
             return NO_META
         raise MetaRejected(error) from error
+    resize_warns = True  # ATen's resize warning for an out= tensor with elements
+    if isinstance(result, CpuWarned):  # the CPU kernel's own warnings instead
+        result, given, resize_warns = result.result, result.warnings, False
+    else:
+        given = ()
     if entry.checked_on_cpu:
-        check_on_cpu(entry, meta_args, meta_kwargs)
+        given += check_on_cpu(entry, meta_args, meta_kwargs)
 
     if isinstance(result, torch.Tensor):
         structure, values = "tensor", (result,)
@@ -340,6 +362,8 @@ def infer(entry, args, kwargs, is_device=lambda value: False) -> Inference | str
                 raise MetaRejected(RuntimeError(f"{entry.name} would resize its input"))
             resized.append((index, name, OutputSpec(value)))
         written.extend(t for t in _flatten([value]) if isinstance(t, torch.Tensor))
+    if resized and torch.Tag.pointwise in op.tags:
+        resized = _strides_as_the_cpu_resizes(op, args, kwargs, resized)
     mutated_values = [args[i] if i < len(args) else kwargs.get(name) for i, name in entry.mutated]
     cost = cost_model.op_cost(
         op,
@@ -350,7 +374,26 @@ def infer(entry, args, kwargs, is_device=lambda value: False) -> Inference | str
         write_bytes=_device_tensor_bytes(mutated_values, is_device),
         result_bytes=[0 if spec is None else _numel(spec.shape) * spec.dtype.itemsize for spec in outputs],
     )
-    return Inference(outputs, structure, cost, tuple(resized))
+    return Inference(outputs, structure, cost, tuple(resized), given, resize_warns)
+
+
+def _strides_as_the_cpu_resizes(op, args, kwargs, resized):
+    """A pointwise op's ``out=`` tensors of another shape: the CPU's TensorIterator gives
+    a resized output the strides of its inputs' layout (``torch.add(x.permute(0, 2, 1),
+    1, out=torch.empty(0))`` has the permuted strides), where the meta kernels resize it
+    contiguous. A CPU probe (``_probe_on_cpu``, once per signature) gives the CPU's;
+    where the probe fails (zeros it cannot take), the meta kernel's stand."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the probe's own (its out= resized), Python's and C++'s
+            result = _native.call_quietly("", _probe_on_cpu, op, _to_meta(args),
+                                          {k: _to_meta(v) for k, v in kwargs.items()})
+    except Exception:  # noqa: BLE001 - the meta kernel already accepted these arguments
+        return resized
+    probed = [v for v in _flatten([result]) if isinstance(v, torch.Tensor)]
+    if len(probed) != len(resized):
+        return resized
+    return tuple((index, name, OutputSpec(value)) for (index, name, _), value in zip(resized, probed))
 
 
 def _numel(shape) -> int:

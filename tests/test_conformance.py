@@ -194,13 +194,17 @@ def test_no_abort_or_segfault(child_outcomes, case):
         torch.testing.assert_close(torch.tensor(neuron[1]), torch.tensor(cpu[1]))
 
 
-# -- 4. linspace/logspace into a non-contiguous view write its base --------------------------
+# -- 4. arange/linspace/logspace into a non-contiguous view write its base --------------------
+def _arange(start, end, steps, out):
+    return torch.arange(start, end, (end - start) / steps, out=out)
+
+
 @pytest.mark.usefixtures("any_mode")
-@pytest.mark.parametrize("fn", [torch.linspace, torch.logspace])
+@pytest.mark.parametrize("fn", [torch.linspace, torch.logspace, _arange], ids=["linspace", "logspace", "arange"])
 def test_space_out_into_a_view_writes_the_base(fn):
     def run(device):
         x = torch.zeros(2, 3, device=device)
-        y = fn(0, 3, 4, out=x.narrow(1, 1, 2))  # 4 steps into a (2, 2) view: no resize
+        y = fn(0, 3, 4, out=x.narrow(1, 1, 2))  # 4 values into a (2, 2) view: no resize
         z = torch.zeros(4, 4, device=device)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "An output with one or more elements was resized"
@@ -467,3 +471,73 @@ def test_inputs_sharing_a_storage_are_not_tried(monkeypatch):
     assert checked == []
     dv.add_(dv)  # a written storage read again: checked
     assert checked == ["aten::add_"]
+
+
+# -- the CPU's warnings for an op's arguments, at each call (the kernel runs on the worker) --
+WARNING_CALLS = {
+    "random_ from beyond float32's integers": lambda d: torch.empty(3, device=d).random_(2**25, 2**25 + 10),
+    "index_put_ with a uint8 mask": lambda d: torch.zeros(4, 4, device=d).index_put_(
+        (torch.tensor([1, 0, 1, 0], dtype=torch.uint8, device=d),), torch.ones(4, device=d)),
+}
+
+
+def _warnings_of(call, device):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):  # the second call hits the shape cache
+            result = call(device)
+        if device == "neuron":
+            result.cpu()
+    return [(str(w.message).split(" (Triggered internally")[0], w.category) for w in caught], result
+
+
+@pytest.mark.usefixtures("any_mode")
+@pytest.mark.parametrize("name", sorted(WARNING_CALLS))
+def test_the_cpus_warnings_for_the_arguments_reach_the_user_at_each_call(name):
+    neuron, neuron_result = _warnings_of(WARNING_CALLS[name], "neuron")
+    cpu, cpu_result = _warnings_of(WARNING_CALLS[name], "cpu")
+    assert len(cpu) >= 2 and neuron == cpu
+    if "random" not in name:
+        assert_same(neuron_result, cpu_result)
+
+
+# -- a pointwise op's out= tensor resized takes the strides the CPU gives it ----------------
+@pytest.mark.usefixtures("any_mode")
+@pytest.mark.parametrize("make", [lambda d: torch.randn(2, 3, 4, device=d).permute(0, 2, 1),
+                                  lambda d: torch.randn(1, 1, 4, 12, device=d)[:, :, :, ::2].permute(2, 0, 3, 1)],
+                         ids=["permuted", "sliced with size-1 dims"])
+@pytest.mark.parametrize("op", [torch.add, torch.eq, torch.exp])
+def test_pointwise_out_resized_from_empty_keeps_the_cpus_strides(make, op):
+    torch.manual_seed(0)
+    x = make("cpu")
+    args = (x,) if op is torch.exp else (x, x)
+    expected = op(*args, out=torch.empty(0, dtype=op(*args).dtype))
+    neuron_args = tuple(a.to("neuron") if a is not x else make("neuron").copy_(x.to("neuron")) for a in args)
+    result = op(*neuron_args, out=torch.empty(0, dtype=expected.dtype, device="neuron"))
+    assert result.stride() == expected.stride()
+    assert_same(result, expected)
+
+
+@pytest.mark.usefixtures("any_mode")
+@pytest.mark.parametrize("shape", [(), (3,), (2, 3)])
+def test_multilabel_margin_loss_of_one_sample_unreduced(shape):
+    torch.manual_seed(0)
+    x, target = torch.randn(shape), torch.zeros(shape, dtype=torch.long)
+    expected = F.multilabel_margin_loss(x, target, reduction="none")
+    result = F.multilabel_margin_loss(x.to("neuron"), target.to("neuron"), reduction="none")
+    assert result.shape == expected.shape
+    assert_same(result, expected)
+
+
+# the range factories resize an out= tensor of another count with resize_, quietly; arange
+# warns its own "The out tensor will be resized"
+@pytest.mark.usefixtures("any_mode")
+@pytest.mark.parametrize("call", [lambda o: torch.arange(-1, 1, 2.0 / 49, dtype=torch.float32, out=o),
+                                  lambda o: torch.linspace(0, 1, 6, out=o)], ids=["arange", "linspace"])
+def test_range_factories_into_an_out_tensor_of_another_count_warn_as_the_cpu(call):
+    def run(device):
+        return _warnings_of(lambda d: call(torch.zeros(1, 49, device=d)), device)
+
+    (neuron, neuron_result), (cpu, cpu_result) = run("neuron"), run("cpu")
+    assert neuron == cpu
+    assert_same(neuron_result, cpu_result)

@@ -24,8 +24,9 @@
 // - sparse.cpp: the sparse COO kernels that only read or re-point a sparse tensor (its
 //   construction, `_indices`, `_values`, `copy_`, resizing: at::native's device-generic
 //   functions) at SparsePrivateUse1.
-// - module.cpp (this file): the Python module, and `call_quietly` (a call whose C++
-//   warnings are dropped: the device's own trials of an op).
+// - module.cpp (this file): the Python module, `call_quietly` (a call whose C++
+//   warnings are dropped: the device's meta runs of an op) and `call_recording` (a call
+//   whose C++ warnings are returned: the one-element CPU trial's, given to the user).
 
 #include "neuron.h"
 
@@ -33,6 +34,9 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <string>
+#include <utility>
+#include <variant>
+#include <vector>
 
 namespace neuron {
 namespace {
@@ -64,6 +68,33 @@ py::object call_quietly(const std::string& prefix, const py::function& fn, const
   return fn(*args, **kwargs);
 }
 
+// call_recording(fn, *args, **kwargs) -> (fn(*args, **kwargs), [(message, deprecation)]):
+// the C++ warnings raised meanwhile, kept instead of handed on. The device's one-element
+// CPU trial (shapes.check_on_cpu) keeps the warnings the CPU gives for the op's arguments,
+// which the recorder gives the user at each call, as the CPU kernel would.
+class Recording final : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning& warning) override {
+    bool deprecation = std::holds_alternative<c10::Warning::DeprecationWarning>(warning.type());
+    kept_.emplace_back(warning.msg(), deprecation);
+  }
+  std::vector<std::pair<std::string, bool>> kept_;
+};
+
+py::tuple call_recording(const py::function& fn, const py::args& args, const py::kwargs& kwargs) {
+  Recording handler;
+  py::object result;
+  {
+    c10::WarningUtils::WarningHandlerGuard guard(&handler);
+    result = fn(*args, **kwargs);
+  }
+  py::list kept;
+  for (const auto& [message, deprecation] : handler.kept_) {
+    kept.append(py::make_tuple(message, deprecation));
+  }
+  return py::make_tuple(result, kept);
+}
+
 // current_device() / exchange_device(index) -> previous: the calling thread's device.
 int current_device() {
   return current_index();
@@ -87,5 +118,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("exchange_device", &neuron::exchange_device);
   m.def("view_count", &neuron::view_count);
   m.def("call_quietly", &neuron::call_quietly);
+  m.def("call_recording", &neuron::call_recording);
   PyModule_AddFunctions(m.ptr(), neuron::hot_methods);
 }
