@@ -43,14 +43,20 @@ instantiate_device_type_tests(TestFake, globals())
 '''
 
 
-@pytest.mark.slow  # three pytest processes that each import torch: ~20 s idle, a minute on a loaded machine
-def test_crashes_are_resumed_and_reported(tmp_path):
+def _run_generated_file(tmp_path, name: str, source: str):
+    """The runner on one generated test file, in strict eager: its record, and each test's
+    outcome by its short name."""
     test_dir = tmp_path / "test"
     test_dir.mkdir()
-    (test_dir / "test_fake.py").write_text(FAKE)
-    record = torch_suites.run_file(str(test_dir), "test_fake.py", "strict", str(tmp_path), test_timeout=60,
+    (test_dir / name).write_text(source)
+    record = torch_suites.run_file(str(test_dir), name, "strict", str(tmp_path), test_timeout=60,
                                    process_timeout=300, echo=lambda *a: None)
-    outcomes = {nodeid.split("::")[-1]: outcome for nodeid, (outcome, _) in record["tests"].items()}
+    return record, {nodeid.split("::")[-1]: outcome for nodeid, (outcome, _) in record["tests"].items()}
+
+
+@pytest.mark.slow  # three pytest processes that each import torch: ~20 s idle, a minute on a loaded machine
+def test_crashes_are_resumed_and_reported(tmp_path):
+    record, outcomes = _run_generated_file(tmp_path, "test_fake.py", FAKE)
     assert outcomes == {"test_a_pass_neuron": "pass", "test_b_abort_neuron": "crash", "test_c_fail_neuron": "fail",
                         "test_d_segv_neuron": "crash", "test_e_pass_neuron": "pass", "test_f_skip_neuron": "skip"}
     assert record["processes"] == 3  # one start, one resume after each crash
@@ -79,12 +85,7 @@ instantiate_device_type_tests(TestDeferred, globals())
 def test_a_deferred_device_error_is_reported_against_the_test_that_issued_it(tmp_path):
     """The shim ends each neuron test with a sync point: the failed kernel of the first test
     is its own teardown error, and the next test, which syncs, passes."""
-    test_dir = tmp_path / "test"
-    test_dir.mkdir()
-    (test_dir / "test_deferring.py").write_text(DEFERRING)
-    record = torch_suites.run_file(str(test_dir), "test_deferring.py", "strict", str(tmp_path), test_timeout=60,
-                                   process_timeout=300, echo=lambda *a: None)
-    outcomes = {nodeid.split("::")[-1]: outcome for nodeid, (outcome, _) in record["tests"].items()}
+    record, outcomes = _run_generated_file(tmp_path, "test_deferring.py", DEFERRING)
     assert outcomes == {"test_a_leaves_a_failed_kernel_neuron": "error", "test_b_syncs_neuron": "pass"}
     message = record["tests"][next(n for n in record["tests"] if "test_a_" in n)][1]
     assert "index_put_" in message
