@@ -1,8 +1,14 @@
 """The host-side checks of ``index_put`` that its meta kernel skips.
 
 Entry points: :func:`index_put_checked`, a meta override (``shapes.META_OVERRIDES``) of
-``index_put``, ``index_put_`` and ``_index_put_impl_`` (``x[index] = values``), and
+``index_put``, ``index_put_`` and ``_index_put_impl_`` (``x[index] = values``),
+:func:`index_checked`, the meta override of ``index`` (``x[index]``), and
 :func:`refuse_device_indices_of_a_host_tensor`.
+
+An integer index of any element into a dimension of size 0 is out of range whatever its
+values: the shapes tell, so both overrides refuse it (the CPU raises its ``IndexError``
+at the call), where an index out of range of a non-empty dimension is data, a device
+error deferred to the next sync point.
 
 The meta kernel of ``index_put`` checks neither that the index tensors broadcast
 together, nor that the values broadcast to the indexing result, nor that the values have
@@ -49,6 +55,19 @@ def _argument(meta_args, meta_kwargs, index, name):
     return meta_args[index] if index < len(meta_args) else meta_kwargs[name]
 
 
+def _refuse_indices_into_empty_dims(self, indices) -> None:
+    for size, index in zip(self.shape, indices):
+        if index is not None and size == 0 and index.numel() > 0 and index.dtype not in _MASKS:
+            raise IndexError("index is out of bounds for dimension with size 0")
+
+
+def index_checked(op, meta_args, meta_kwargs):
+    """``index`` on meta tensors once no index points into an empty dimension."""
+    _refuse_indices_into_empty_dims(_argument(meta_args, meta_kwargs, 0, "self"),
+                                    _argument(meta_args, meta_kwargs, 1, "indices"))
+    return op(*meta_args, **meta_kwargs)
+
+
 def index_put_checked(op, meta_args, meta_kwargs):
     """``op`` on meta tensors once the CPU's argument checks hold; raises when they do
     not, or when only the data can tell (values of several elements under a mask)."""
@@ -57,6 +76,7 @@ def index_put_checked(op, meta_args, meta_kwargs):
     values = _argument(meta_args, meta_kwargs, 2, "values")
     if values.dtype != self.dtype:
         raise RuntimeError(f"{op.name()}: values of dtype {values.dtype} into {self.dtype}: the CPU decides")
+    _refuse_indices_into_empty_dims(self, indices)
     given = [index for index in indices if index is not None]
     if any(index.dtype in _MASKS for index in given):
         if values.numel() != 1 or values.dim() > 1:

@@ -49,6 +49,10 @@ CHECKS = {
     "index_put_ under a mask, no values": (
         _setitem(lambda a: a > -1, lambda d: torch.ones(1, device=d)),
         _setitem(lambda a: a > -1, lambda d: torch.ones(0, device=d))),
+    "index of an empty dimension": (
+        lambda d: torch.ones(10, 0, device=d)[[1, 2]], lambda d: torch.ones(10, 0, device=d)[:, [0, 1]]),
+    "index_put_ into an empty dimension": (
+        _setitem((slice(None), []), 0.0, (4, 0)), _setitem((slice(None), [0]), 0.0, (4, 0))),
     "complex of two dtypes": (
         lambda d: torch.complex(torch.ones(2, device=d), torch.ones(2, device=d)),
         lambda d: torch.complex(torch.ones(2, device=d), torch.ones(2, device=d, dtype=torch.double))),
