@@ -272,13 +272,18 @@ def _drain_before_global_settings_change() -> None:
     """Each setter in ``_GLOBAL_SETTINGS`` first waits for the kernels already issued
     (``sink.drain``), so every kernel runs under the settings it was issued with:
     ``torch.randn(n, device="neuron")`` then ``torch.set_default_dtype(torch.float64)``
-    must still give float32. Only a call while neuron work is pending waits."""
+    must still give float32. Only a call while neuron work is pending waits. The shape
+    cache is emptied too: the CPU checks a new signature runs (``shapes.check_on_cpu``)
+    may read the setting (``put_`` refuses deterministic mode), and a cache hit must not
+    skip them."""
+    from .shapes import SHAPE_CACHE
     from .sink import drain
 
     def draining(setter):
         @functools.wraps(setter)
         def set_then(*args, **kwargs):
             drain(Flush.GLOBAL_SETTING)
+            SHAPE_CACHE.clear()  # the CPU's checks cached with a signature may read them (put_ alerts)
             return setter(*args, **kwargs)
 
         set_then._neuron_drains = True

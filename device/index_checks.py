@@ -2,7 +2,8 @@
 
 Entry points: :func:`index_put_checked`, a meta override (``shapes.META_OVERRIDES``) of
 ``index_put``, ``index_put_`` and ``_index_put_impl_`` (``x[index] = values``),
-:func:`index_checked`, the meta override of ``index`` (``x[index]``), and
+:func:`index_checked`, the meta override of ``index`` (``x[index]``),
+:func:`masked_scatter_checked` (an in-place write cannot broadcast its target), and
 :func:`refuse_device_indices_of_a_host_tensor`.
 
 An integer index of any element into a dimension of size 0 is out of range whatever its
@@ -65,6 +66,16 @@ def index_checked(op, meta_args, meta_kwargs):
     """``index`` on meta tensors once no index points into an empty dimension."""
     _refuse_indices_into_empty_dims(_argument(meta_args, meta_kwargs, 0, "self"),
                                     _argument(meta_args, meta_kwargs, 1, "indices"))
+    return op(*meta_args, **meta_kwargs)
+
+
+def masked_scatter_checked(op, meta_args, meta_kwargs):
+    """``masked_scatter_`` on meta tensors once its mask broadcasts to the target: the CPU
+    expands the mask to ``self`` before it reads any data; the meta kernel broadcasts."""
+    self = _argument(meta_args, meta_kwargs, 0, "self")
+    mask = _argument(meta_args, meta_kwargs, 1, "mask")
+    if not _expandable(tuple(mask.shape), tuple(self.shape)):
+        raise RuntimeError(f"masked_scatter_: a mask of shape {list(mask.shape)} cannot expand to {list(self.shape)}")
     return op(*meta_args, **meta_kwargs)
 
 

@@ -83,6 +83,8 @@ _CHECKED_ON_CPU = {aten._softmax.default, aten.smooth_l1_loss.default, aten.celu
                    # a negative slope where the forward ran in place (is_result)
                    aten.elu_backward.default, aten.leaky_relu_backward.default,
                    aten.rrelu_with_noise_backward.default,
+                   # nondeterministic on the CPU: refused under torch.use_deterministic_algorithms
+                   aten.put_.default, aten.put.default,
                    # the CPU's warning for a uint8 mask (shapes.check_on_cpu forwards it)
                    aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default}
 _COPY_OPS = {aten.copy_.default, aten._to_copy.default, aten._copy_from.default, aten._copy_from_and_resize.default}

@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from . import _C as _native
 from . import cost_model
-from .index_checks import index_checked, index_put_checked
+from .index_checks import index_checked, index_put_checked, masked_scatter_checked
 from .cpu_warnings import RESIZED_WARNING, CpuWarned, cpu_warnings, kept_warnings
 from .storage import storage_nbytes
 
@@ -212,6 +212,7 @@ META_OVERRIDES.update({op: index_put_checked  # the CPU's value shape and dtype 
 # one sample (input of 0 or 1 dims) with reduction "none": the CPU's loss is 0-d, the
 # meta kernel's has shape (1,)
 META_OVERRIDES[_aten.index.Tensor] = index_checked  # an index into an empty dimension (index_checks.py)
+META_OVERRIDES[_aten.masked_scatter_.default] = masked_scatter_checked
 META_OVERRIDES[_aten.multilabel_margin_loss_forward.default] = _probe_on_cpu
 META_OVERRIDES[_aten.binomial.default] = _like_first_input
 META_OVERRIDES[_aten._sample_dirichlet.default] = _like_first_input

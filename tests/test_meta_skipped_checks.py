@@ -53,6 +53,11 @@ CHECKS = {
         lambda d: torch.ones(10, 0, device=d)[[1, 2]], lambda d: torch.ones(10, 0, device=d)[:, [0, 1]]),
     "index_put_ into an empty dimension": (
         _setitem((slice(None), []), 0.0, (4, 0)), _setitem((slice(None), [0]), 0.0, (4, 0))),
+    "masked_scatter_ with a mask that broadcasts beyond its target": (
+        lambda d: torch.zeros(2, 3, device=d).masked_scatter_(torch.tensor([True, False, True], device=d),
+                                                             torch.arange(6.0, device=d)),
+        lambda d: torch.zeros(1, device=d).masked_scatter_(torch.ones(2, 1, 2, 1, dtype=torch.bool, device=d),
+                                                          torch.ones(4, device=d))),
     "complex of two dtypes": (
         lambda d: torch.complex(torch.ones(2, device=d), torch.ones(2, device=d)),
         lambda d: torch.complex(torch.ones(2, device=d), torch.ones(2, device=d, dtype=torch.double))),
@@ -138,3 +143,25 @@ def test_a_host_tensor_indexed_with_device_indices_raises_atens_error():
     device[:, index] = 5.0
     x[:, index] = 5.0
     assert torch.equal(device.cpu(), x)
+
+
+@pytest.mark.usefixtures("any_mode")
+def test_deterministic_mode_refuses_put_at_the_call_also_after_a_cache_hit():
+    """``put_`` has no deterministic CPU kernel: under ``use_deterministic_algorithms`` the
+    CPU refuses it before it reads data. Turning the mode on empties the shape cache, so the
+    check runs for a signature the cache already held."""
+    def put(device):
+        return torch.zeros(10, device=device).put_(torch.tensor([0, 1], device=device), torch.ones(2, device=device))
+
+    assert torch.equal(put("neuron").cpu(), put("cpu"))  # fills the cache
+    torch.use_deterministic_algorithms(True)
+    try:
+        expected = _outcome(put, "cpu")
+        assert isinstance(expected, RuntimeError)
+        with pytest.raises(RuntimeError) as raised:
+            put("neuron")
+        assert str(raised.value) == str(expected)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert torch.equal(put("neuron").cpu(), put("cpu"))
+    adaptive_eager.synchronize()
