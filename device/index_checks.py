@@ -36,6 +36,12 @@ _index = _aten.index.Tensor
 INDEXING = {_index, _aten.index_put_.default, _aten.index_put.default, _aten._index_put_impl_.default}
 
 
+class NeedsTheData(Exception):
+    """Raised by a meta override when only the data can tell the call's validity (values
+    of several elements under a mask): the op runs on the host after a sync point, as a
+    data-dependent op (``Flush.DATA_DEPENDENT``), not as a fallback."""
+
+
 def refuse_device_indices_of_a_host_tensor(entry, indexed) -> None:
     """An indexing op whose indexed tensor (argument 0) is a host tensor reaches the device
     for its device indices: ATen's error, which its meta check (indices on the CPU or on
@@ -91,7 +97,7 @@ def index_put_checked(op, meta_args, meta_kwargs):
     given = [index for index in indices if index is not None]
     if any(index.dtype in _MASKS for index in given):
         if values.numel() != 1 or values.dim() > 1:
-            raise RuntimeError(f"{op.name()}: values of shape {list(values.shape)} under a mask: the count decides")
+            raise NeedsTheData(f"{op.name()}: values of shape {list(values.shape)} under a mask: the count decides")
     else:  # the result's shape, with the CPU's check that the indices broadcast together
         result = _index(self, indices) if given else self
         if not _expandable(tuple(values.shape), tuple(result.shape)):

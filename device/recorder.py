@@ -35,7 +35,7 @@ from .streams import STATE as _STREAMS
 from .tensor import describe, device_tensor, reference, storage_of
 from .views import set_metadata
 from .host_ops import run_on_host, run_random_on_host_with_device_generator
-from .index_checks import INDEXING, refuse_device_indices_of_a_host_tensor
+from .index_checks import INDEXING, NeedsTheData, refuse_device_indices_of_a_host_tensor
 
 aten = torch.ops.aten
 CPU = torch.device("cpu")
@@ -220,6 +220,8 @@ def record_kernel(entry, args, kwargs):
             inference = infer(entry, args, kwargs or {}, _is_device)
         except MetaRejected:
             return run_on_host(entry, args, kwargs or {}, Flush.META_REJECTED)
+        except NeedsTheData:  # a mask's count decides: a data-dependent op
+            return run_on_host(entry, args, kwargs or {}, Flush.DATA_DEPENDENT)
         if inference is not NO_META:
             inference.signature = signature
         SHAPE_CACHE[signature] = inference

@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from . import _C as _native
 from . import cost_model
-from .index_checks import index_checked, index_put_checked, masked_scatter_checked
+from .index_checks import NeedsTheData, index_checked, index_put_checked, masked_scatter_checked
 from .cpu_warnings import RESIZED_WARNING, CpuWarned, cpu_warnings, kept_warnings
 from .storage import storage_nbytes
 
@@ -324,6 +324,8 @@ def infer(entry, args, kwargs, is_device=lambda value: False) -> Inference | str
                       else _native.call_quietly(RESIZED_WARNING, op, *meta_args, **meta_kwargs))
     except NotImplementedError:
         return NO_META
+    except NeedsTheData:
+        raise
     except Exception as error:  # the meta kernel rejected these arguments
         if "meta" in str(error).lower() and "not implemented" in str(error).lower():
             return NO_META

@@ -125,7 +125,10 @@ def test_a_mask_with_several_values_runs_on_the_host_with_the_cpus_result():
     """Values of several elements under a mask need the count of True: a sync point,
     then the CPU's result (here a valid call)."""
     call = _setitem(lambda a: a > 1, lambda d: torch.tensor([5.0, 6.0], device=d))
+    adaptive_eager.reset_stats()
     assert torch.equal(call("neuron").cpu(), call("cpu"))
+    stats = adaptive_eager.stats()  # a data-dependent op, as on CUDA: not the CPU fallback
+    assert stats["fallback_ops"] == {} and stats["sync_points"].get("data_dependent: aten::index_put_") == 1
 
 
 @pytest.mark.usefixtures("any_mode")
