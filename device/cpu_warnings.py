@@ -41,10 +41,15 @@ def cpu_warnings(op, meta_args, meta_kwargs) -> tuple:
             return torch.zeros(value.shape, dtype=value.dtype)
         return torch.device("cpu") if isinstance(value, torch.device) else value
 
+    return warnings_of_call(op, *[cpu(v) for v in meta_args], **{k: cpu(v) for k, v in meta_kwargs.items()})
+
+
+def warnings_of_call(op, *args, **kwargs) -> tuple:
+    """Call ``op`` on the CPU and return its warnings, Python's and C++'s, as
+    :func:`kept_warnings` keeps them; its errors propagate."""
     with _disable_current_modes(), warnings.catch_warnings(record=True) as python_warnings:
         warnings.simplefilter("always")
-        _, cpp_warnings = _native.call_recording(op, *[cpu(v) for v in meta_args],
-                                                 **{k: cpu(v) for k, v in meta_kwargs.items()})
+        _, cpp_warnings = _native.call_recording(op, *args, **kwargs)
     return kept_warnings(python_warnings, cpp_warnings)
 
 

@@ -22,7 +22,7 @@ from . import recorder
 from .collectives import run_collective
 from .errors import users_error
 from .host_ops import run_on_host
-from .index_checks import INDEXING, refuse_device_indices_of_a_host_tensor
+from .index_checks import INDEXING, has_mask, refuse_device_indices_of_a_host_tensor
 from .indices import check_ordinal
 from .op_table import (COLLECTIVE, COPY, DATA_DEPENDENT, DECOMPOSE, HOST_READ, KERNEL, LIKE, LIKE_FILLS, METADATA,
                        NO_OP, VIEW, op_entry)
@@ -118,16 +118,11 @@ def run_data_dependent(entry, args, kwargs):
     after a sync point; a host tensor indexed with device indices is refused first.
     ``index`` with integer indices alone (a gather, ``x[idx]``) has the shape of its
     indices: it is a kernel like any other (an index out of range fails on the queue)."""
-    if entry.op is aten.index.Tensor and len(args) > 1 and not _masks_among(args[1]):
+    if entry.op is aten.index.Tensor and len(args) > 1 and not has_mask(args[1]):
         return recorder.record_kernel(entry, args, kwargs)
     if entry.op in INDEXING and args:
         refuse_device_indices_of_a_host_tensor(entry, args[0])
     return run_on_host(entry, args, kwargs, Flush.DATA_DEPENDENT)
-
-
-def _masks_among(indices) -> bool:
-    """Is any of ``index``'s indices a mask (bool or uint8), whose count of True is the shape?"""
-    return any(index is not None and index.dtype in (torch.bool, torch.uint8) for index in indices)
 
 
 _HANDLERS = {

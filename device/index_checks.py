@@ -1,6 +1,6 @@
 """The host-side checks of ``index_put`` that its meta kernel skips.
 
-Entry points: :func:`index_put_checked`, a meta override (``shapes.META_OVERRIDES``) of
+Entry points: :func:`index_put_checked`, a meta override (``meta_overrides.META_OVERRIDES``) of
 ``index_put``, ``index_put_`` and ``_index_put_impl_`` (``x[index] = values``),
 :func:`index_checked`, the meta override of ``index`` (``x[index]``),
 :func:`masked_scatter_checked` (an in-place write cannot broadcast its target), and
@@ -40,6 +40,12 @@ class NeedsTheData(Exception):
     """Raised by a meta override when only the data can tell the call's validity (values
     of several elements under a mask): the op runs on the host after a sync point, as a
     data-dependent op (``Flush.DATA_DEPENDENT``), not as a fallback."""
+
+
+def has_mask(indices) -> bool:
+    """Is any of an indexing op's indices a mask (bool or uint8), whose count of True is
+    the indexing result's shape?"""
+    return any(index is not None and index.dtype in _MASKS for index in indices)
 
 
 def refuse_device_indices_of_a_host_tensor(entry, indexed) -> None:
@@ -95,7 +101,7 @@ def index_put_checked(op, meta_args, meta_kwargs):
         raise RuntimeError(f"{op.name()}: values of dtype {values.dtype} into {self.dtype}: the CPU decides")
     _refuse_indices_into_empty_dims(self, indices)
     given = [index for index in indices if index is not None]
-    if any(index.dtype in _MASKS for index in given):
+    if has_mask(given):
         if values.numel() != 1 or values.dim() > 1:
             raise NeedsTheData(f"{op.name()}: values of shape {list(values.shape)} under a mask: the count decides")
     else:  # the result's shape, with the CPU's check that the indices broadcast together

@@ -215,7 +215,7 @@ class DeviceStorage:
                 f"the kernel produced a tensor of shape {tuple(result.shape)} and dtype "
                 f"{result.dtype} where shape inference predicted {self.shape} and {self.dtype}; "
                 "this is a bug in the device's shape inference for this op "
-                "(device/shapes.py, META_OVERRIDES)"
+                "(device/meta_overrides.py, META_OVERRIDES)"
             )
         self.materialize().copy_(result)
 

@@ -2,7 +2,7 @@
 each must raise the CPU's error at the call on neuron, in strict and adaptive eager, also
 after a valid call filled the shape cache, and never leave a deferred error behind.
 The checks: ``index_put``'s value shape and dtype (``device/index_checks.py``),
-``complex``/``polar``/``logcumsumexp(out=)`` dtypes (``shapes._dtypes_checked_on_cpu``),
+``complex``/``polar``/``logcumsumexp(out=)`` dtypes (``meta_overrides._dtypes_checked_on_cpu``),
 the in-place activations' backward slopes (``op_table._CHECKED_ON_CPU``)."""
 import pytest
 import torch
