@@ -27,10 +27,10 @@ _here = _os.path.dirname(_os.path.abspath(__file__))
 import torch  # noqa: E402,F401
 
 from adaptive_eager_device import NeuronRuntimeError, PoisonedTensorError  # noqa: E402
-from adaptive_eager_device.config import CONFIG as _CONFIG  # noqa: E402
-from adaptive_eager_device.location import add_internal_dir as _add_internal_dir  # noqa: E402
-from adaptive_eager_device.reasons import Flush as _Flush  # noqa: E402
-from adaptive_eager_device.sink import synchronize as _synchronize  # noqa: E402
+from adaptive_eager_device.core.config import CONFIG as _CONFIG  # noqa: E402
+from adaptive_eager_device.core.location import add_internal_dir as _add_internal_dir  # noqa: E402
+from adaptive_eager_device.core.reasons import Flush as _Flush  # noqa: E402
+from adaptive_eager_device.hardware.sink import synchronize as _synchronize  # noqa: E402
 from .mode import clear_caches, disable, enable, is_enabled, mode, window_policy  # noqa: E402
 from .statistics import install_exit_dump as _install_exit_dump  # noqa: E402
 from .statistics import reset_stats, stats  # noqa: E402
@@ -49,13 +49,13 @@ def synchronize() -> None:
 def inject_fault(op_name: str, nth: int = 1) -> None:
     """Fault injection for tests: the ``nth`` kernel (from now) running ``op_name``
     (``"aten::mul"`` or ``"mul"``) fails on the device. Same as ``NEURON_SIM_FAULT``."""
-    from adaptive_eager_device.execution_queue import QUEUE
+    from adaptive_eager_device.hardware.execution_queue import QUEUE
 
     QUEUE.inject_fault(op_name, nth)
 
 
 def clear_faults() -> None:
-    from adaptive_eager_device.execution_queue import QUEUE
+    from adaptive_eager_device.hardware.execution_queue import QUEUE
 
     QUEUE.clear_faults()
 

@@ -20,7 +20,7 @@ The path of one compiled step:
    then flushes once ("graph"): the planner plans the whole graph (cycle check, patterns,
    dead intermediates, the on-chip rule) and each fused group is one launch on the
    execution queue. The plan is cached per graph and input structure, and hot fused
-   kernels are built (``device/built_kernel.py``) as in adaptive eager. A sync point inside a
+   kernels are built (``device/hardware/built_kernel.py``) as in adaptive eager. A sync point inside a
    graph (a CPU fallback, a data-dependent shape) flushes early, as in eager.
 
 Everything downstream is the eager machinery: the cost model, the trace, deferred errors
@@ -42,13 +42,13 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
-from adaptive_eager_device import recorder
-from adaptive_eager_device import sink as _sync
-from adaptive_eager_device.config import CONFIG
-from adaptive_eager_device.execution_queue import HOST_LOCK
-from adaptive_eager_device.location import SourceLocation, is_internal, register_generated_code
-from adaptive_eager_device.counters import COUNTERS
-from adaptive_eager_device.reasons import Flush
+from adaptive_eager_device.ops import recorder
+from adaptive_eager_device.hardware import sink as _sync
+from adaptive_eager_device.core.config import CONFIG
+from adaptive_eager_device.hardware.execution_queue import HOST_LOCK
+from adaptive_eager_device.core.location import SourceLocation, is_internal, register_generated_code
+from adaptive_eager_device.core.counters import COUNTERS
+from adaptive_eager_device.core.reasons import Flush
 from . import replay
 from .host_split import split_host_part
 from .reinplace import inputs_distinct, reinplace_input_mutations

@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import adaptive_eager
-from adaptive_eager_device.config import CONFIG
+from adaptive_eager_device.core.config import CONFIG
 from adaptive_eager.report_text import format_stats, launch_overhead_us
 
 class Attention(nn.Module):

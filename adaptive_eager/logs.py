@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from adaptive_eager_device.config import CONFIG, parse_log_level
+from adaptive_eager_device.core.config import CONFIG, parse_log_level
 
 ROOT = "adaptive_eager"
 FORMAT = "[%(name)s %(levelname)s] %(message)s"
@@ -70,5 +70,5 @@ def setup() -> None:
     logger = get_logger()
     if not any(type(h) is logging.NullHandler for h in logger.handlers):
         logger.addHandler(logging.NullHandler())
-    if CONFIG.log_level is not None:  # a bad value is a configuration error (device/config.py)
+    if CONFIG.log_level is not None:  # a bad value is a configuration error (device/core/config.py)
         set_level(CONFIG.log_level)

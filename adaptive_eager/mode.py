@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 
-from adaptive_eager_device import sink as _sync
+from adaptive_eager_device.hardware import sink as _sync
 
 _ADAPTIVE = {"sink": None}
 

@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import torch
 
-from adaptive_eager_device.counters import COUNTERS
-from adaptive_eager_device.execution_queue import QUEUE
-from adaptive_eager_device.storage import (
+from adaptive_eager_device.core.counters import COUNTERS
+from adaptive_eager_device.hardware.execution_queue import QUEUE
+from adaptive_eager_device.memory.storage import (
     MEMORY, DeviceStorage, rounded_nbytes, storage_nbytes,
 )
-from adaptive_eager_device.streams import STATE as _STREAMS
-from adaptive_eager_device.tensor import describe, device_tensor, storage_of
+from adaptive_eager_device.hardware.streams import STATE as _STREAMS
+from adaptive_eager_device.memory.tensor import describe, device_tensor, storage_of
 
 from .replay_records import NotReplayable, RecordTemplate, Slot
 

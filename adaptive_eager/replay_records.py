@@ -15,9 +15,9 @@ from operator import itemgetter
 
 import torch
 
-from adaptive_eager_device.op_record import OpRecord
-from adaptive_eager_device.rng import GENERATOR
-from adaptive_eager_device.storage import DeviceStorage, ReinterpretRef, ViewRef
+from adaptive_eager_device.hardware.op_record import OpRecord
+from adaptive_eager_device.ops.rng import GENERATOR
+from adaptive_eager_device.memory.storage import DeviceStorage, ReinterpretRef, ViewRef
 
 
 class NotReplayable(Exception):

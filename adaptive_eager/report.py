@@ -7,7 +7,7 @@ attached to a ticket or opened offline. It shows the totals; simulated device ti
 fused kernel (one bar per kernel) and by single-op kernel; launches, device time and
 bytes moved of the first run against the second (e.g. strict vs adaptive); flushes by reason;
 why chains were not fused; CPU fallback ops; the caches; and, per ``NEURON_TRACE``
-timeline, host issue vs device execution (device/trace.py: pid 1 host ops, pid 2 the
+timeline, host issue vs device execution (device/hardware/trace.py: pid 1 host ops, pid 2 the
 worker in real time, pid 3 the simulated device clock).
 
 Charts carry stable ids and classes (``svg#kernel-time rect.bar`` ...) that the browser

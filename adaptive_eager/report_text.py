@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from adaptive_eager_device.reasons import explain  # noqa: F401 (the report's too)
+from adaptive_eager_device.core.reasons import explain  # noqa: F401 (the report's too)
 
 from .statistics import STATS_VERSION
 
@@ -118,7 +118,7 @@ def launch_overhead_us(data: dict) -> float:
     device = data.get("device")
     if isinstance(device, dict) and _is_number(device.get("launch_overhead_us")):
         return float(device["launch_overhead_us"])
-    from adaptive_eager_device.cost_model import PROFILE
+    from adaptive_eager_device.hardware.cost_model import PROFILE
 
     return float(PROFILE.launch_overhead_us)
 
@@ -250,7 +250,7 @@ def _counts(title: str, table: dict, empty: str, note: str = "") -> list[str]:
 
 
 def _explained(title: str, table: dict, empty: str, note: str = "") -> list[str]:
-    """A table of flush or refusal reasons with their meaning (``device/reasons.py``)."""
+    """A table of flush or refusal reasons with their meaning (``device/core/reasons.py``)."""
     if not table:
         return ["", f"{title}: {empty}"]
     rows = [(reason, n, explain(reason)) for reason, n in sorted(table.items(), key=lambda item: (-item[1], item[0]))]

@@ -12,13 +12,13 @@ import atexit
 import json
 from collections import Counter
 
-from adaptive_eager_device.config import CONFIG
-from adaptive_eager_device.cost_model import PROFILE
-from adaptive_eager_device.counters import COUNTERS
-from adaptive_eager_device.execution_queue import QUEUE
-from adaptive_eager_device.reasons import Flush
-from adaptive_eager_device.storage import MEMORY
-from adaptive_eager_device.sink import current_sink, flush
+from adaptive_eager_device.core.config import CONFIG
+from adaptive_eager_device.hardware.cost_model import PROFILE
+from adaptive_eager_device.core.counters import COUNTERS
+from adaptive_eager_device.hardware.execution_queue import QUEUE
+from adaptive_eager_device.core.reasons import Flush
+from adaptive_eager_device.memory.storage import MEMORY
+from adaptive_eager_device.hardware.sink import current_sink, flush
 
 STATS_VERSION = 1
 
@@ -94,7 +94,7 @@ COMPILED = CompiledCounters()
 
 
 def _plain(reasons) -> dict:
-    """A Counter of reasons (``device/reasons.py`` members, or members with a detail) as
+    """A Counter of reasons (``device/core/reasons.py`` members, or members with a detail) as
     plain strings, as the dump and the CLIs show them."""
     return {str(reason): count for reason, count in reasons.items()}
 
@@ -108,7 +108,7 @@ def _cache_stats(name: str) -> dict:
 
 def _distributed_stats() -> dict:
     """This rank's collectives: calls, bytes moved over the link and simulated time, in
-    all and per op (``device/collectives.py``)."""
+    all and per op (``device/ops/collectives.py``)."""
     import torch.distributed as dist
 
     initialized = dist.is_available() and dist.is_initialized()

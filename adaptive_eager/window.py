@@ -21,10 +21,10 @@ Ops on ``neuron`` are recorded into the window, not launched. The window is flus
 At a flush the window's structure (op signatures, data flow, aliasing, which outputs are
 still referenced) keys the *plan cache*; on a miss, ``fusion.plan_window`` plans it. Each
 group becomes one launch: a fused kernel, or the op itself when it fuses with nothing. The
-window goes to the queue as one command list (``adaptive_eager_device.fused_kernel``),
+window goes to the queue as one command list (``adaptive_eager_device.hardware.fused_kernel``),
 which the device worker runs.
 
-The window reads the queue only through its public API (``device/execution_queue.py``):
+The window reads the queue only through its public API (``device/hardware/execution_queue.py``):
 ``backlog_us()`` for the policy, ``injecting_faults`` and ``observing`` at a flush, and
 ``take_failed_kernels()``: the fused kernels an op failed in, whose chains it stops
 fusing.
@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import logging
 
-from adaptive_eager_device.config import CONFIG
-from adaptive_eager_device.execution_queue import QUEUE
-from adaptive_eager_device.fused_kernel import WindowLaunches, checks_pass
-from adaptive_eager_device.reasons import Flush
+from adaptive_eager_device.core.config import CONFIG
+from adaptive_eager_device.hardware.execution_queue import QUEUE
+from adaptive_eager_device.hardware.fused_kernel import WindowLaunches, checks_pass
+from adaptive_eager_device.core.reasons import Flush
 from .fusion.caches import CountingLRU
 from .fusion.categories import BARRIER, FOREACH, category
 from .fusion.kernels import KernelCache
@@ -48,7 +48,7 @@ LOG = logging.getLogger("adaptive_eager.window")
 
 class WindowPolicy:
     """The window's thresholds (documented in the module docstring and the README), from
-    ``device/config.py`` at start; tests and benchmarks change them live."""
+    ``device/core/config.py`` at start; tests and benchmarks change them live."""
 
     def __init__(self) -> None:
         self.max_ops = CONFIG.window_ops

@@ -98,7 +98,7 @@ def _inductor_kernels_per_step(step) -> int:
 def _worker_cpu_seconds() -> float:
     """CPU time of the device worker thread so far (0 when there is none)."""
     try:
-        from adaptive_eager_device.execution_queue import QUEUE
+        from adaptive_eager_device.hardware.execution_queue import QUEUE
     except ImportError:
         return 0.0
     worker = QUEUE._worker

@@ -137,7 +137,7 @@ def compare_mode(opinfo) -> str:
 # with no entry here is printed as unexplained: look into it.
 _CSR = "compressed sparse layouts (CSR, CSC, BSR, BSC) are not supported on the neuron device (refused with a clear error)"
 _SPARSE_ON_HOST = ("a sparse COO op: the CPU's sparse kernel runs on the host bytes after a sync point "
-                   "(device/sparse.py), as CUDA has sparse kernels and the device has none of its own")
+                   "(device/ops/sparse.py), as CUDA has sparse kernels and the device has none of its own")
 KNOWN_CAUSES = {
     "sparse.sampled_addmm": "the sample is a sparse CSR tensor: " + _CSR,
     "sparse.mm.reduce": "the sample is a sparse CSR tensor: " + _CSR,

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import adaptive_eager  # noqa: E402
 from bench import SAVE_HELP, provenance, results_path  # noqa: E402
-from adaptive_eager_device.sink import synchronize  # noqa: E402
+from adaptive_eager_device.hardware.sink import synchronize  # noqa: E402
 from bench.wrapper import PassThrough  # noqa: E402
 
 OPS_PER_CHAIN = 5

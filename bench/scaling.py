@@ -16,7 +16,7 @@ Per (workload, size, mode), in a fresh process: launches, bytes moved and simula
 device time of one step (after a warm-up step; deterministic figures), and:
 
 - the **roofline bound** of the step: ``max(FLOPs / peak, compulsory bytes / bandwidth)``
-  at the device profile's float32 peak and HBM bandwidth (``device/cost_model.py``), with
+  at the device profile's float32 peak and HBM bandwidth (``device/hardware/cost_model.py``), with
   no launch overhead. FLOPs are ``torch.utils.flop_counter``'s (matmuls and attention;
   elementwise work is not counted) for the step on the CPU. **Compulsory bytes**:
   - training: the weights read once and written once (2W), AdamW's two moments read once
@@ -104,7 +104,7 @@ def roofline(workload: str, dim: int) -> dict:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from adaptive_eager_device.cost_model import PROFILE
+    from adaptive_eager_device.hardware.cost_model import PROFILE
 
     step, model = build(workload, dim, "cpu")
     weights = sum(p.numel() * p.element_size() for p in model.parameters())

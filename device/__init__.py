@@ -13,10 +13,10 @@ package alone.
 import torch  # noqa: F401
 
 from .backend import register  # noqa: E402
-from .errors import NeuronRuntimeError, PoisonedTensorError  # noqa: E402
-from .counters import COUNTERS  # noqa: E402
-from .execution_queue import QUEUE  # noqa: E402
-from .sink import synchronize  # noqa: E402
+from .core.errors import NeuronRuntimeError, PoisonedTensorError  # noqa: E402
+from .core.counters import COUNTERS  # noqa: E402
+from .hardware.execution_queue import QUEUE  # noqa: E402
+from .hardware.sink import synchronize  # noqa: E402
 
 __all__ = ["NeuronRuntimeError", "PoisonedTensorError", "COUNTERS", "QUEUE", "register", "synchronize"]
 

@@ -1,7 +1,7 @@
 """``torch.neuron``: the device module, mirroring the ``torch.cuda`` names that apply.
 
 Registered as ``torch.neuron`` by ``device.backend.register``. Devices ``neuron:0`` ..
-``neuron:<device_count()-1>``, one per simulated NeuronCore (``device/indices.py``); they
+``neuron:<device_count()-1>``, one per simulated NeuronCore (``device/memory/indices.py``); they
 share one execution queue, so memory statistics and random state are the process's,
 whichever index is asked. Every function here that reads device state is a sync point
 where CUDA's is.
@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import torch
 
-from . import rng as _random
-from .config import CONFIG
-from .cost_model import PROFILE
-from .indices import COUNT, current_index, exchange_index, index_of
-from .legacy_storage import CLASSES as _LEGACY_STORAGES
-from .reasons import Flush
-from .storage import MEMORY, release_freed_memory
-from .streams import Event, Stream, current_stream, default_stream, set_stream, stream  # noqa: F401
-from .sink import synchronize as _synchronize
+from .ops import rng as _random
+from .core.config import CONFIG
+from .hardware.cost_model import PROFILE
+from .memory.indices import COUNT, current_index, exchange_index, index_of
+from .memory.legacy_storage import CLASSES as _LEGACY_STORAGES
+from .core.reasons import Flush
+from .memory.storage import MEMORY, release_freed_memory
+from .hardware.streams import Event, Stream, current_stream, default_stream, set_stream, stream  # noqa: F401
+from .hardware.sink import synchronize as _synchronize
 
 # -- device ------------------------------------------------------------------------------
 
@@ -149,7 +149,7 @@ def set_rng_state(new_state: torch.Tensor, device="neuron") -> None:
 
 
 def get_rng_state_all() -> list:
-    """One state per index: the indices share one random stream (device/indices.py)."""
+    """One state per index: the indices share one random stream (device/memory/indices.py)."""
     state = _random.get_rng_state()
     return [state.clone() for _ in range(COUNT)]
 
@@ -233,6 +233,6 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
     return "\n".join(lines)
 
 
-# -- legacy storage classes (device/legacy_storage.py) ------------------------------------
+# -- legacy storage classes (device/memory/legacy_storage.py) ------------------------------------
 # torch.neuron.FloatStorage and the rest, which tensor.storage_type() finds here
 globals().update(_LEGACY_STORAGES)

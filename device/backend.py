@@ -9,19 +9,19 @@ Entry point: :func:`register` (idempotent). It runs on ``import torch`` through 
    ``module.to('neuron')`` and ``torch.accelerator`` work;
 2. loads the C++ hooks (``device/csrc/``, built as ``_C``): the device allocator, storage
    resizing, pinned host memory, generators, and the device guard of the device indices
-   (``device/indices.py``);
+   (``device/memory/indices.py``);
 3. sends every aten op on a neuron tensor, and every factory naming the device, to the
    dispatcher (``dispatch.dispatch``): one boxed fallback at the PrivateUse1 key for the
    ops with no kernel for the device, and a PrivateUse1 kernel for each op whose
    composite would otherwise run (structured ops would arrive as ``empty`` plus ``.out``,
    ``full`` as ``empty`` plus ``fill_``), so that each op reaches it whole, as written;
-4. registers mixed precision for ``torch.autocast('neuron')`` (``device/autocast.py``);
+4. registers mixed precision for ``torch.autocast('neuron')`` (``device/ops/autocast.py``);
 5. routes ``torch.accelerator.synchronize`` to ``torch.neuron.synchronize`` (PyTorch's
    Python device guard cannot synchronize);
 6. makes ``torch.compile(model)`` of neuron graphs use the ``neuron`` backend
    (``device/dynamo.py``);
 7. registers the ``neuron`` communication backend with torch.distributed, the device's
-   default (gloo on the host bytes, ``device/collectives.py``).
+   default (gloo on the host bytes, ``device/ops/collectives.py``).
 """
 from __future__ import annotations
 
@@ -33,18 +33,18 @@ import warnings
 import torch
 
 from . import api
-from .autocast import register_autocast
-from .reasons import Flush
+from .ops.autocast import register_autocast
+from .core.reasons import Flush
 
 _STATE = {"registered": False, "libraries": []}
 
 
 def _refuse_bad_configuration() -> None:
-    """The device's first use with a bad ``NEURON_*`` value raises it (device/config.py).
+    """The device's first use with a bad ``NEURON_*`` value raises it (device/core/config.py).
     Every neuron tensor is born in a kernel registered here."""
-    from .config import CONFIG
+    from .core.config import CONFIG
 
-    from .errors import users_error
+    from .core.errors import users_error
 
     problem = CONFIG.problem()
     if problem is not None:
@@ -57,10 +57,10 @@ def _make_handler():
     too, as on the CPU: the device guard is C++ (``device/csrc/hooks.cpp``), so an error
     leaving a device op on the autograd engine's thread reaches ``backward()``'s caller.
     Built once, with its names bound: it runs for every op."""
-    from .config import CONFIG
-    from .dispatch import run
-    from .indices import MULTI, on_its_device
-    from .execution_queue import HOST_LOCK
+    from .core.config import CONFIG
+    from .ops.dispatch import run
+    from .memory.indices import MULTI, on_its_device
+    from .hardware.execution_queue import HOST_LOCK
 
     acquire, release = HOST_LOCK.acquire, HOST_LOCK.release
     checked = not CONFIG.errors
@@ -98,7 +98,7 @@ def _user_facing(kernel):
 def _boxed_fallback(op, *args, **kwargs):
     entry = _ENTRY_BY_ID.get(id(op))  # id(): an OpOverload hashes in Python
     if entry is None:
-        from .op_table import op_entry
+        from .ops.op_table import op_entry
 
         entry = _ENTRY_BY_ID[id(op)] = op_entry(op)
     return _handle(entry, args, kwargs)
@@ -113,7 +113,7 @@ def _kernel_for(op):
     def kernel(*args, **kwargs):
         nonlocal entry
         if entry is None:
-            from .op_table import op_entry
+            from .ops.op_table import op_entry
 
             entry = op_entry(op)
         return _handle(entry, args, kwargs)
@@ -148,7 +148,7 @@ def _cpu_kernel_ops():
     kernel (the CPU's, on the device bytes) and, at AutogradPrivateUse1, the op's autograd
     formula instead of the composite, as for the CPU; otherwise the composite would
     decompose them into ops that round at each step."""
-    from .op_table import cpu_kernel_over_composite
+    from .ops.op_table import cpu_kernel_over_composite
 
     for name in torch._C._dispatch_get_all_op_names():
         if name.startswith("aten::") and cpu_kernel_over_composite(name):
@@ -157,7 +157,7 @@ def _cpu_kernel_ops():
 
 
 def _refuse_sparse(op, *args, **kwargs):
-    from .errors import users_error
+    from .core.errors import users_error
 
     raise users_error(NotImplementedError(
         f"compressed sparse tensors (CSR, CSC, BSR, BSC) are not supported on the neuron device ({op._schema.name}); "
@@ -168,10 +168,10 @@ def _refuse_sparse(op, *args, **kwargs):
 def _register_kernels() -> None:
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(_user_facing(_boxed_fallback), dispatch_key="PrivateUse1")
-    from . import sparse
+    from .ops import sparse
 
     constructors = torch.library.Library("aten", "IMPL")
-    sparse.register(fallback, constructors)  # COO: the CPU's sparse kernels on host copies (device/sparse.py)
+    sparse.register(fallback, constructors)  # COO: the CPU's sparse kernels on host copies (device/ops/sparse.py)
     fallback.fallback(_user_facing(_refuse_sparse), dispatch_key="SparseCsrPrivateUse1")
     for name in torch._C._dispatch_get_all_op_names():  # compressed sparse tensors of device parts
         base = name[len("aten::"):].split(".")[0]
@@ -188,7 +188,7 @@ def _register_kernels() -> None:
                    _user_facing(_kernel_for(op)), "PrivateUse1")
     # c10d's collectives have PrivateUse1 kernels that hand the tensors to the process
     # group's backend, which cannot read device memory: the device runs them on the host
-    # bytes (device/collectives.py) instead.
+    # bytes (device/ops/collectives.py) instead.
     collectives = torch.library.Library("c10d", "IMPL")
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     with warnings.catch_warnings():
@@ -203,7 +203,8 @@ def _register_kernels() -> None:
     # tied weights stay tied): CPU and neuron tensors are both dense, as CPU and CUDA
     # are; PyTorch leaves the answer for PrivateUse1 to the backend.
     whole.impl("_has_compatible_shallow_copy_type", _dense_both, "PrivateUse1")
-    from . import attention, rnn
+    from .ops import attention
+    from .ops import rnn
 
     attention.register(whole)  # scaled_dot_product_attention: the CPU's choice of kernel
     rnn.register(whole)  # LSTM, GRU and RNN layers and cells: the CPU's branch of RNN.cpp
@@ -217,10 +218,10 @@ def _dense_both(tensor, other) -> bool:
 def _load_hooks() -> None:
     """The C++ hooks: allocator, storage resizing, pinned memory, generators, device guard."""
     from . import _C as _native
-    from .config import CONFIG
-    from .rng import GENERATOR
-    from .storage import DeviceStorage
-    from .sink import synchronize
+    from .core.config import CONFIG
+    from .ops.rng import GENERATOR
+    from .memory.storage import DeviceStorage
+    from .hardware.sink import synchronize
 
     def resize(storage, nbytes):
         synchronize(Flush.STORAGE_RESIZE)
@@ -276,8 +277,8 @@ def _drain_before_global_settings_change() -> None:
     cache is emptied too: the CPU checks a new signature runs (``shapes.check_on_cpu``)
     may read the setting (``put_`` refuses deterministic mode), and a cache hit must not
     skip them."""
-    from .shapes import SHAPE_CACHE
-    from .sink import drain
+    from .ops.shapes import SHAPE_CACHE
+    from .hardware.sink import drain
 
     def draining(setter):
         @functools.wraps(setter)
@@ -319,13 +320,13 @@ def register() -> None:
     from . import dynamo
 
     dynamo.install()
-    from .collectives import register_backend
+    from .ops.collectives import register_backend
 
     register_backend()
-    from .execution_queue import QUEUE
+    from .hardware.execution_queue import QUEUE
 
     atexit.register(QUEUE.drain)
-    from .trace import start_from_environment
+    from .hardware.trace import start_from_environment
 
     start_from_environment()
     _STATE["registered"] = True

@@ -28,7 +28,7 @@ from typing import List, Optional
 
 import torch
 
-from adaptive_eager_device.storage import DeviceStorage, ViewRef
+from adaptive_eager_device.memory.storage import DeviceStorage, ViewRef
 
 from .matching import Context, Match
 from .pattern_form import ANY, Alt, Arg, Custom, Is, Op, Pattern

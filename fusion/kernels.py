@@ -5,7 +5,7 @@ Entry points: :func:`group_spec` (a planned group, with its window's ``WindowGra
 a fused kernel) and :class:`KernelCache` (an LRU of specs by signature).
 
 This is plan data, immutable once built: the device executes it
-(``adaptive_eager_device.fused_kernel``: ``WindowLaunches``, ``FusedKernel``) and keeps
+(``adaptive_eager_device.hardware.fused_kernel``: ``WindowLaunches``, ``FusedKernel``) and keeps
 what its launches change (launch counts, built kernels) in a table of its own, never on
 the spec.
 
@@ -17,8 +17,8 @@ once, each surviving output written once.
 """
 from __future__ import annotations
 
-from adaptive_eager_device.cost_model import PROFILE
-from adaptive_eager_device.fused_kernel import built_counts
+from adaptive_eager_device.hardware.cost_model import PROFILE
+from adaptive_eager_device.hardware.fused_kernel import built_counts
 
 from .caches import CountingLRU
 
@@ -79,7 +79,7 @@ class KernelCache(CountingLRU):
 
     def stats(self) -> dict:
         """The LRU's counters, plus how many cached kernels the device built
-        (``adaptive_eager_device.built_kernel``) and how many stay op by op."""
+        (``adaptive_eager_device.hardware.built_kernel``) and how many stay op by op."""
         built, op_by_op = built_counts(list(self._data.values()))
         return dict(super().stats(), built=built, op_by_op=op_by_op)
 

@@ -6,12 +6,12 @@ Entry points: :class:`Context` (a window's data flow for matchers, read from its
 ``WindowGraph``), :class:`Match` (a matched chain by window positions),
 :class:`PatternSpec` (the same chain by offsets inside its fused kernel) and
 :func:`checks_pass` (are a match's constants still there; the device's,
-``adaptive_eager_device.fused_kernel``, which checks them at every launch).
+``adaptive_eager_device.hardware.fused_kernel``, which checks them at every launch).
 """
 from __future__ import annotations
 
-from adaptive_eager_device.fused_kernel import checks_pass  # noqa: F401 - the device checks them at every launch
-from adaptive_eager_device.storage import DeviceStorage, ViewRef
+from adaptive_eager_device.hardware.fused_kernel import checks_pass  # noqa: F401 - the device checks them at every launch
+from adaptive_eager_device.memory.storage import DeviceStorage, ViewRef
 
 
 class PatternSpec:
@@ -22,7 +22,7 @@ class PatternSpec:
     def __init__(self, name, impl, members, inputs, outputs, checks, constants, charges=()) -> None:
         self.name = name
         # (*input tensors, **constants) -> [output tensors]; TorchScript-able, so that a
-        # built kernel (device/built_kernel.py) can call it
+        # built kernel (device/hardware/built_kernel.py) can call it
         self.impl = impl
         self.members = members  # offsets of the chain's ops, in program order
         self.root = members[-1]  # where the library kernel runs: the chain's last op

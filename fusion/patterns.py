@@ -25,7 +25,7 @@ A matched chain is one unit of its kernel: alone, or inside a larger kernel when
 on-chip rule merges it with its neighbours. Attention and cross-entropy
 (``fusion/flash.py``) are modelled as SBUF-tiled kernels: their traffic is their inputs
 and outputs, with a row log-sum-exp written in place of the scores autograd keeps. Implementations are TorchScript-able, so a
-hot kernel holding one is built (``device/built_kernel.py``) like any other.
+hot kernel holding one is built (``device/hardware/built_kernel.py``) like any other.
 
 Tolerances against the unfused ops, each checked by a test (``tests/test_patterns.py``):
 
@@ -44,8 +44,8 @@ from typing import List, Optional
 
 import torch
 
-from adaptive_eager_device.reasons import Refused
-from adaptive_eager_device.storage import DeviceStorage, ViewRef
+from adaptive_eager_device.core.reasons import Refused
+from adaptive_eager_device.memory.storage import DeviceStorage, ViewRef
 
 from .flash import ATTENTION, ATTENTION_BACKWARD, CROSS_ENTROPY
 from .matching import Context, checks_pass

@@ -44,8 +44,8 @@ import logging
 import networkx as nx
 import torch
 
-from adaptive_eager_device.execution_queue import BatchCost
-from adaptive_eager_device.reasons import Refused
+from adaptive_eager_device.hardware.execution_queue import BatchCost
+from adaptive_eager_device.core.reasons import Refused
 
 from .categories import BARRIER, FOREACH, MATMUL, OPAQUE, REDUCTION, category
 from .kernels import group_spec

@@ -8,7 +8,7 @@ A rule's check reads a group's ``members``, ``anchor``, ``anchor_kind``, ``numel
 """
 from __future__ import annotations
 
-from adaptive_eager_device.reasons import Refused
+from adaptive_eager_device.core.reasons import Refused
 
 from .categories import BARRIER, MATMUL, OPAQUE
 from .patterns import KINDS as LIBRARY_KINDS

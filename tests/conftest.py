@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import adaptive_eager
-from adaptive_eager_device.config import CONFIG
-from adaptive_eager_device.execution_queue import QUEUE
+from adaptive_eager_device.core.config import CONFIG
+from adaptive_eager_device.hardware.execution_queue import QUEUE
 
 
 @pytest.fixture(autouse=True)

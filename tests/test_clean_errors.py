@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from adaptive_eager_device.config import CONFIG
+from adaptive_eager_device.core.config import CONFIG
 
 
 def _mm_shapes(device):
@@ -97,7 +97,7 @@ def test_full_stack_keeps_the_device_frames_and_the_chain(monkeypatch):
 def test_a_bug_of_the_device_keeps_its_traceback(monkeypatch):
     """Only the user's errors lose the device's frames: an error the device did not mark
     as the user's (here, a failing shape inference) keeps them all."""
-    from adaptive_eager_device import recorder
+    from adaptive_eager_device.ops import recorder
 
     def broken(*args, **kwargs):
         raise KeyError("a bug in shape inference")

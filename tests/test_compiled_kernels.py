@@ -1,4 +1,4 @@
-"""Built kernels (device/built_kernel.py): a fused kernel that launches again is compiled into
+"""Built kernels (device/hardware/built_kernel.py): a fused kernel that launches again is compiled into
 one function. Its numbers must stay the CPU's, launch after launch, with new float
 constants each time; kernels that update tensors in place stay op by op; a built kernel
 that fails still names the exact op and the user's line."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import adaptive_eager
-from adaptive_eager_device import built_kernel as compiled
+from adaptive_eager_device.hardware import built_kernel as compiled
 from conftest import windows_at_sync_points
 
 

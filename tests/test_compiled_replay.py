@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 import adaptive_eager
-from adaptive_eager_device.config import CONFIG
-from adaptive_eager_device.counters import COUNTERS
+from adaptive_eager_device.core.config import CONFIG
+from adaptive_eager_device.core.counters import COUNTERS
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.workloads import GPT, Llama  # noqa: E402
@@ -40,7 +40,7 @@ DISPATCHED = [0]  # ops through the per-op path (recorder.record_kernel), counte
 
 @pytest.fixture(autouse=True)
 def count_dispatch(monkeypatch):
-    from adaptive_eager_device import recorder
+    from adaptive_eager_device.ops import recorder
 
     record_call = recorder._record_call  # once per op recorder.record_kernel records
 
@@ -298,13 +298,13 @@ def test_random_ops_and_sync_points_run_the_fx_code():
 
 
 def _simulated_kernels(events):
-    from adaptive_eager_device.trace import SIMULATED_PID
+    from adaptive_eager_device.hardware.trace import SIMULATED_PID
 
     return [(e["name"], round(e["dur"], 6)) for e in events if e.get("pid") == SIMULATED_PID and e["ph"] == "X"]
 
 
 def test_a_traced_replay_shows_the_recorded_calls_kernels_on_the_timeline():
-    from adaptive_eager_device import trace
+    from adaptive_eager_device.hardware import trace
 
     def f(x, w):
         return torch.relu(x @ w).sum(0) * 2
@@ -362,7 +362,7 @@ def test_a_replay_that_cannot_allocate_runs_the_fx_code_which_raises_at_the_op_a
 
 
 def _books():
-    from adaptive_eager_device.storage import MEMORY
+    from adaptive_eager_device.memory.storage import MEMORY
 
     return MEMORY.allocations, MEMORY.live_blocks, torch.neuron.memory_allocated()
 

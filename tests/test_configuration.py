@@ -1,6 +1,6 @@
 """Bad input gets one clear line: ``NEURON_*`` values, device ordinals, the blocking hint.
 
-Every ``NEURON_*`` variable is parsed in one place (``device/config.py``). A bad value
+Every ``NEURON_*`` variable is parsed in one place (``device/core/config.py``). A bad value
 never breaks ``import torch``, nor a program that never uses the device; the device's
 first use raises one line that names the variable, the value and what is allowed.
 """
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import adaptive_eager
-from adaptive_eager_device.config import VARIABLES, DeviceConfig
+from adaptive_eager_device.core.config import VARIABLES, DeviceConfig
 
 PROGRAM = """
 import torch
@@ -93,7 +93,7 @@ def test_a_device_ordinal_past_the_count_raises_as_cuda_does(make):
 
 @pytest.mark.usefixtures("any_mode")
 def test_the_blocking_hint_is_only_given_when_blocking_is_off():
-    from adaptive_eager_device.config import CONFIG
+    from adaptive_eager_device.core.config import CONFIG
 
     bad = lambda: torch.randn(3).to("neuron").index_select(0, torch.tensor([7]).to("neuron"))  # noqa: E731
     bad()

@@ -73,7 +73,7 @@ def _index(t):
 def test_ops_checked_on_cpu_still_run_on_the_device():
     """The CPU trial of argument checks (``shapes.check_on_cpu``) must accept valid calls:
     an index into the one-element trial tensors is 0, in range."""
-    from adaptive_eager_device.counters import COUNTERS
+    from adaptive_eager_device.core.counters import COUNTERS
 
     before = sum(COUNTERS.fallback_ops.values())
     x = torch.zeros(3, 3)
@@ -172,7 +172,7 @@ _CHILD = textwrap.dedent(r"""
 CRASH_CASES = ["pool", "gather_sparse_grad", "bag_per_sample_weights", "bag_padding_idx", "bag_sparse",
                "untyped_storage", "storage_clone", "load_map_location"]
 # Sparse gradients ("gather_sparse_grad", "bag_sparse") are sparse COO tensors on the
-# device (device/sparse.py): their values equal the CPU's like the others'.
+# device (device/ops/sparse.py): their values equal the CPU's like the others'.
 
 
 @pytest.fixture(scope="module", params=["strict", "adaptive"])
@@ -400,7 +400,7 @@ def test_in_place_op_never_resizes_its_input(name, any_mode):
     torch.testing.assert_close(device_small.cpu(), small)
 
 
-# -- memory overlap: refused at the call, as the CPU refuses it (device/overlap.py) --------
+# -- memory overlap: refused at the call, as the CPU refuses it (device/ops/overlap.py) --------
 
 OVERLAPPING_CALLS = {
     "index_add_ of itself": lambda d: (lambda x: x.index_add_(0, torch.tensor([1, 0, 3, 2], device=d), x))(
@@ -425,8 +425,8 @@ def test_memory_overlap_raises_the_cpus_error_at_the_call(name):
 
 
 def test_aliasing_the_cpu_accepts_runs_on_the_device_and_is_tried_once():
-    from adaptive_eager_device import overlap
-    from adaptive_eager_device.counters import COUNTERS
+    from adaptive_eager_device.ops import overlap
+    from adaptive_eager_device.core.counters import COUNTERS
 
     tried = []
     trial = overlap._trial_refused
@@ -456,7 +456,7 @@ def test_inputs_sharing_a_storage_are_not_tried(monkeypatch):
     """Only a *written* storage shared with another argument can overlap: AdamW's
     ``_foreach_addcmul_(v, g, g)`` reads one gradient twice every step, and must not pay
     the overlap check (``overlap.writes_shared``) on the per-op path."""
-    from adaptive_eager_device import overlap
+    from adaptive_eager_device.ops import overlap
 
     checked = []
     monkeypatch.setattr(overlap, "refused", lambda *args: checked.append(args[0].name) or False)

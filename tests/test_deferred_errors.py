@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import adaptive_eager
 from adaptive_eager import NeuronRuntimeError, PoisonedTensorError
-from adaptive_eager_device.config import CONFIG
+from adaptive_eager_device.core.config import CONFIG
 
 pytestmark = pytest.mark.usefixtures("any_mode")  # every test, in strict and adaptive eager
 
@@ -137,7 +137,7 @@ def test_the_earliest_error_in_issue_order_wins_whatever_the_fusion():
 
 def test_an_earlier_failure_recorded_later_still_wins():
     """The worker may meet the failures out of issue order; the earliest issued wins."""
-    from adaptive_eager_device.errors import FailureState, KernelFailure
+    from adaptive_eager_device.core.errors import FailureState, KernelFailure
 
     state = FailureState()
     later = KernelFailure("aten::gather", "", None, None, RuntimeError("b"), 2, issue=20)

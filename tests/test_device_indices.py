@@ -1,5 +1,5 @@
 """Device indices: a process sees several neuron devices, as on a Trainium host where
-every NeuronCore is visible to every process (device/indices.py).
+every NeuronCore is visible to every process (device/memory/indices.py).
 
 The count is fixed at import (the C++ hooks hold it), so the checks with two devices run
 in a subprocess started with ``LOCAL_WORLD_SIZE=2`` (what torchrun sets), in both modes,
@@ -19,7 +19,7 @@ import textwrap
 import pytest
 import torch
 
-from adaptive_eager_device.config import DeviceConfig
+from adaptive_eager_device.core.config import DeviceConfig
 
 TIMEOUT_S = 120
 

@@ -33,7 +33,7 @@ def _faults(rank, world, port, out_dir):
 
     import adaptive_eager
     import distributed_scenarios as S
-    from adaptive_eager_device.cost_model import PROFILE
+    from adaptive_eager_device.hardware.cost_model import PROFILE
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import adaptive_eager
-from adaptive_eager_device.config import CONFIG
+from adaptive_eager_device.core.config import CONFIG
 from conftest import assert_same
 
 CONTRACT_KEYS = {

@@ -76,7 +76,7 @@ def test_views_of_one_storage_overlap(loop_rules_only):
     """A view shares its base's storage, so a write through one view orders after reads
     through others that overlap it (a column and a row of ``y``) and after ``y``'s
     producer. Without that the update, which fuses with ``k``'s producer, would run first.
-    (Checked by giving each view an identity of its own in ``device/dispatch.py``.)"""
+    (Checked by giving each view an identity of its own in ``device/ops/dispatch.py``.)"""
     t = torch.randn(4, 4)
     dt = t.to("neuron")
     torch.neuron.synchronize()

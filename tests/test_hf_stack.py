@@ -474,7 +474,7 @@ def test_trl_sft_trainer_with_sft_config_defaults(any_mode):
     """``SFTConfig`` defaults on ``neuron``: bf16 autocast, gradient checkpointing and
     padding to a multiple of 128 (TRL's neuron default). The CPU reference runs with the
     same bf16 and padding settings. Losses agree to bf16 autocast's precision, not bit
-    for bit: ``torch.autocast("neuron")`` applies CUDA's policy (device/autocast.py),
+    for bit: ``torch.autocast("neuron")`` applies CUDA's policy (device/ops/autocast.py),
     ``torch.autocast("cpu")`` the CPU's, which casts a different set of ops."""
     config, neuron = sft_losses(use_cpu=False)
     assert config.bf16 and config.gradient_checkpointing and config.pad_to_multiple_of == 128

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 from adaptive_eager.fusion.categories import OPAQUE, POINTWISE
 from adaptive_eager.fusion.rules import LOOP_RULES, loop_rules
-from adaptive_eager_device.reasons import Refused
+from adaptive_eager_device.core.reasons import Refused
 
 
 def _group(member: int, on_chip_only: bool = False):

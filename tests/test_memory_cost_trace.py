@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import adaptive_eager
-from adaptive_eager_device import trace
-from adaptive_eager_device.config import CONFIG
-from adaptive_eager_device.cost_model import PROFILE, DeviceProfile
+from adaptive_eager_device.hardware import trace
+from adaptive_eager_device.core.config import CONFIG
+from adaptive_eager_device.hardware.cost_model import PROFILE, DeviceProfile
 
 MIB = 1 << 20
 

@@ -1,7 +1,7 @@
 """Host-side argument checks the meta kernels skip and the CPU kernels make (issue 19):
 each must raise the CPU's error at the call on neuron, in strict and adaptive eager, also
 after a valid call filled the shape cache, and never leave a deferred error behind.
-The checks: ``index_put``'s value shape and dtype (``device/index_checks.py``),
+The checks: ``index_put``'s value shape and dtype (``device/ops/index_checks.py``),
 ``complex``/``polar``/``logcumsumexp(out=)`` dtypes (``meta_overrides._dtypes_checked_on_cpu``),
 the in-place activations' backward slopes (``op_table._CHECKED_ON_CPU``)."""
 import pytest
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import adaptive_eager
-from adaptive_eager_device.counters import COUNTERS
+from adaptive_eager_device.core.counters import COUNTERS
 
 
 def _setitem(index, values, size=(4,)):

@@ -129,7 +129,7 @@ class _WrongOnNeuronBackward(torch.autograd.Function):
 
 def test_harness_reports_a_device_failure(opinfos):
     """A kernel failing on the device (fault injection) is a ``fail`` naming the op."""
-    from adaptive_eager_device.execution_queue import QUEUE, FaultInjector
+    from adaptive_eager_device.hardware.execution_queue import QUEUE, FaultInjector
 
     QUEUE.faults = FaultInjector("aten::mul:1")  # conftest resets it
     record = op_coverage.run_opinfo(opinfos["mul"], max_samples=1)
@@ -140,7 +140,7 @@ def test_harness_reports_a_device_failure(opinfos):
 
 def test_harness_reports_a_device_failure_in_backward(opinfos):
     """A backward kernel failing on the device is a backward ``fail`` naming the op."""
-    from adaptive_eager_device.execution_queue import QUEUE, FaultInjector
+    from adaptive_eager_device.hardware.execution_queue import QUEUE, FaultInjector
 
     QUEUE.faults = FaultInjector("aten::threshold_backward:1")  # relu's backward; conftest resets it
     record = op_coverage.run_opinfo(opinfos["nn.functional.relu"], max_samples=1, backward=True)

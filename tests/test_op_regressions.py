@@ -154,7 +154,7 @@ def test_bfloat16_norm_statistics_have_the_cpu_dtype():
 
 
 def test_a_kernel_result_of_another_dtype_is_an_error_not_a_conversion():
-    from adaptive_eager_device.storage import DeviceStorage
+    from adaptive_eager_device.memory.storage import DeviceStorage
 
     storage = DeviceStorage((3,), (1,), torch.float32, 12)
     storage.materialize()

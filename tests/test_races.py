@@ -35,7 +35,7 @@ def fast_switching():
 def doorbell_every_launch():
     """The host hands every launch to the worker at once (no doorbell batching), so the
     worker runs a window while the host is still busy with the next."""
-    from adaptive_eager_device.execution_queue import QUEUE
+    from adaptive_eager_device.hardware.execution_queue import QUEUE
 
     saved = (QUEUE.batch_items, QUEUE.batch_bytes)
     QUEUE.batch_items, QUEUE.batch_bytes = 1, 1
@@ -48,7 +48,7 @@ def instant_device(monkeypatch):
     """The worker runs each handed-over window before the host's next instruction: the
     worst case of the race, made deterministic (the host then finds the window's records
     released if it still reads them)."""
-    from adaptive_eager_device.execution_queue import QUEUE
+    from adaptive_eager_device.hardware.execution_queue import QUEUE
 
     original = QUEUE.launch_batch
 

@@ -282,7 +282,7 @@ def test_views_run_in_cpp_and_equal_the_cpu(monkeypatch):
     (device/csrc/views.cpp) and never enter Python; each still counts in ``view_ops``;
     their values and errors are the CPU's."""
     import adaptive_eager
-    from adaptive_eager_device import dispatch
+    from adaptive_eager_device.ops import dispatch
 
     python_views = []
     run_view = dispatch.run_view

@@ -1,4 +1,4 @@
-"""Flush, sync and refusal reasons come from one table (device/reasons.py), and every
+"""Flush, sync and refusal reasons come from one table (device/core/reasons.py), and every
 reason the runtime produces has an explanation in it."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pathlib
 import torch
 
 import adaptive_eager
-from adaptive_eager_device.reasons import Flush, Refused, explain
+from adaptive_eager_device.core.reasons import Flush, Refused, explain
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PRODUCERS = {"flush", "synchronize", "_synchronize", "run_on_host"}

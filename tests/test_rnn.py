@@ -2,7 +2,7 @@
 
 On an accelerator PyTorch's RNN composites would run each step as a fused cell kernel
 (``_thnn_fused_lstm_cell``...); the device registers the composites with the CPU's branch
-instead (``device/rnn.py``: the CPU's cells and layers, oneDNN's LSTM layer where the CPU
+instead (``device/ops/rnn.py``: the CPU's cells and layers, oneDNN's LSTM layer where the CPU
 uses it), so results equal the CPU's bit for bit, in float32 and bfloat16. Forward, input
 and parameter gradients and a few optimizer steps are checked, in both modes.
 """
@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from adaptive_eager_device import rnn
+from adaptive_eager_device.ops import rnn
 
 pytestmark = pytest.mark.usefixtures("any_mode")
 
@@ -173,7 +173,7 @@ def test_cells_equal_the_cpu_bit_for_bit(cell, dtype):
 @pytest.mark.parametrize("op", ["lstm", "gru", "rnn_tanh"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_cpu_branch_written_out_is_the_cpus(op, dtype):
-    # device/rnn.py on CPU tensors: PyTorch's own composite (and oneDNN's LSTM), exactly,
+    # device/ops/rnn.py on CPU tensors: PyTorch's own composite (and oneDNN's LSTM), exactly,
     # forward and backward, bidirectional and stacked, with and without biases.
     torch.manual_seed(0)
     for bias in (True, False):

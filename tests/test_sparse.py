@@ -1,4 +1,4 @@
-"""Sparse COO tensors on the device (device/sparse.py, device/csrc/sparse.cpp): each
+"""Sparse COO tensors on the device (device/ops/sparse.py, device/csrc/sparse.cpp): each
 result equals the CPU's, in strict and adaptive eager."""
 import pytest
 import torch
@@ -181,7 +181,7 @@ def test_the_structure_moves_no_data_and_the_arithmetic_is_a_counted_fallback(st
 
 
 def test_no_fallback_makes_a_sparse_op_a_clear_error():
-    from adaptive_eager_device.config import CONFIG
+    from adaptive_eager_device.core.config import CONFIG
 
     sparse = torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.tensor([4.0, 9.0]), (3,), device="neuron")
     CONFIG.fallback = False  # the fixture restores it

@@ -5,7 +5,7 @@ an address inside another storage's allocation (``device/csrc/memory.cpp``: the
 allocation holding an address, by start address, and the offset in it). Reading,
 writing and copying through it, and tensors set on it, behave as on the CPU; so do its
 errors. ``tensor.storage_type()`` is the device's legacy class, ``torch.neuron.FloatStorage``,
-as a CUDA tensor's is ``torch.cuda.FloatStorage`` (``device/legacy_storage.py``).
+as a CUDA tensor's is ``torch.cuda.FloatStorage`` (``device/memory/legacy_storage.py``).
 """
 import warnings
 

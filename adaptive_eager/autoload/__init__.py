@@ -10,7 +10,7 @@ flow one way: adaptive_eager -> fusion -> device.
 
 The variables that ask: ``NEURON_ADAPTIVE_EAGER`` (adaptive eager on from the start),
 ``NEURON_FUSION_STATS`` (a statistics dump at exit) and ``NEURON_LOG_LEVEL`` (the
-runtime's loggers), as ``device/config.py`` parses them. A failure here must not break
+runtime's loggers), as ``device/core/config.py`` parses them. A failure here must not break
 ``import torch``: it is reported as a warning, and the device still works.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 def load() -> None:
     try:
-        from adaptive_eager_device.config import CONFIG
+        from adaptive_eager_device.core.config import CONFIG
 
         if CONFIG.adaptive or CONFIG.stats_path or CONFIG.log_level is not None:
             import adaptive_eager  # noqa: F401

@@ -8,7 +8,7 @@
 // - the hooks PyTorch asks the PrivateUse1 backend (device count, current device,
 //   generators, pinned memory, storage resizing).
 // - the device guard: `neuron:0` .. `neuron:<count-1>` (the count is the simulated
-//   NeuronCores, device/indices.py), the current device per thread (as CUDA's), and the
+//   NeuronCores, device/memory/indices.py), the current device per thread (as CUDA's), and the
 //   DeviceGuardImplInterface c10 calls to switch devices. Every index shares the
 //   process's one execution queue, so the guard's streams and events are the default
 //   stream and no-ops, as PyTorch's Python device guard made them.

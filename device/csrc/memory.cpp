@@ -3,7 +3,7 @@
 //
 // - device memory: an allocator of PrivateUse1 storages. A storage is an identity: a
 //   unique, aligned address (never dereferenced: device memory is not host memory) and,
-//   in its DataPtr's context, the Python DeviceStorage (device/storage.py) that holds the
+//   in its DataPtr's context, the Python DeviceStorage (device/memory/storage.py) that holds the
 //   bytes in a CPU tensor. The storage owns one reference to it, dropped when the
 //   storage is freed. `torch.UntypedStorage(n, device="neuron")` and every storage ATen
 //   allocates for the device come from here.

@@ -7,7 +7,7 @@
 //
 // - memory.cpp: device memory, an allocator of PrivateUse1 storages (a storage is an
 //   identity: a unique, aligned address, never dereferenced, and in its DataPtr's context
-//   the Python DeviceStorage, device/storage.py, that holds the bytes in a CPU tensor);
+//   the Python DeviceStorage, device/memory/storage.py, that holds the bytes in a CPU tensor);
 //   storage resizing (`storage.resize_`); pinned host memory (`pin_memory()`,
 //   `is_pinned()`); the device indices and the current device per thread; the
 //   callbacks into the Python device.

@@ -7,7 +7,7 @@
 // SparseCUDA register, at the SparsePrivateUse1 key: so `grad._values()` is the values
 // tensor itself (Adagrad's `std._values().sqrt_()` updates it in place, as on the CPU),
 // and no data moves. Every other sparse op reaches the device's boxed fallback at that
-// key (device/sparse.py: the CPU's sparse kernel on host copies, after a sync point).
+// key (device/ops/sparse.py: the CPU's sparse kernel on host copies, after a sync point).
 
 #include "neuron.h"
 

@@ -5,8 +5,8 @@
 // PrivateUse1 key by init(), so these views never enter Python: `transpose`, `t`,
 // `split`, `narrow`, `expand` and the rest reach `as_strided` in C++, and a linear layer
 // calls `view` on its input, so in a decode loop these are two ops of every three that
-// reach the device. Every other view still runs through device/views.py. Each counts in
-// `view_count()`, which the device's `view_ops` statistic adds (device/counters.py).
+// reach the device. Every other view still runs through device/ops/views.py. Each counts in
+// `view_count()`, which the device's `view_ops` statistic adds (device/core/counters.py).
 
 #include "neuron.h"
 

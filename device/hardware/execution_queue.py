@@ -1,0 +1,433 @@
+"""The single hardware execution queue, drained in order by one device worker thread.
+
+Entry points: :data:`QUEUE` (the device's queue) and :class:`ExecutionQueue`.
+
+Every stream maps onto this one FIFO, as on TorchNeuron: order is always kept, and no
+stream gets an engine of its own. An item on the queue is anything with an
+``execute(queue)`` method: an ``OpRecord`` (one strict-eager kernel), a fused kernel or
+a window's command list (``device/hardware/fused_kernel.py``), a fence (what ``synchronize``
+waits on) or an event marker.
+
+The host accounts for a kernel when it launches it (``launch``: launches, bytes, the
+simulated clock). Items call back into the queue to report failures
+(``device/hardware/op_record.py: run_record`` applies the rules):
+
+- ``fail(failure, written)``: a kernel raised; keep the earliest failure (in issue order)
+  for the next sync point and poison what the kernel left without valid data;
+- ``drop(results)``: a kernel issued after a pending failure does not run; its fresh
+  outputs are poisoned;
+- ``report_failed_kernel(signature)``: a fused kernel had an op fail; the runtime takes
+  the signatures at its next flush (``take_failed_kernels``) and stops fusing that chain.
+
+What the host side (the runtime, ``adaptive_eager``) asks of the queue is public API, not
+its fields: ``backlog_us()`` (the simulated device ahead of the host), ``trace_recorder``
+(the timeline while tracing, else None; set by ``set_trace_recorder``), ``observing``
+(tracing or profiling: each kernel its own queue item), ``injecting_faults``,
+``issue_ops`` (ops issued without the per-op path: a compiled graph's replay),
+``take_failed_kernels`` and ``reset_kernel_summary``. A fused kernel asks
+``must_run_op_by_op(records)`` before it runs, and ``op_record.run_record`` applies the
+failure rules to each op.
+
+The host waits with :meth:`ExecutionQueue.wait`, which rethrows the earliest failure as
+``NeuronRuntimeError`` and clears it, so the device is usable again afterwards.
+
+:data:`HOST_LOCK`: the host side of the device is one critical section. Ops issued from
+several threads are recorded, windowed and submitted one at a time, in one issue order,
+as one CUDA stream orders work from several threads. Every op holds it while the
+dispatcher handles it, and so do flushes and submissions; waiting for the device does
+not (the worker never takes it).
+"""
+from __future__ import annotations
+
+import os
+import queue as _queue
+import threading
+import time
+
+import torch
+
+from ..core.config import CONFIG, parse_fault_spec
+from ..core.errors import FailureState, KernelFailure, NeuronRuntimeError
+from ..core.counters import COUNTERS
+from ..memory.storage import keep_freed_memory
+
+HOST_LOCK = threading.RLock()
+
+
+class Fence:
+    """A queue item that only signals that everything before it has run."""
+
+    __slots__ = ("event",)
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def execute(self, queue) -> None:
+        self.event.set()
+
+
+class FaultInjector:
+    """Make the n-th kernel running a given op fail, for tests (``NEURON_SIM_FAULT``)."""
+
+    def __init__(self, faults=()) -> None:
+        """``faults``: (op name, n) pairs, or their ``NEURON_SIM_FAULT`` spelling."""
+        self.targets: dict[str, set[int]] = {}
+        self.seen: dict[str, int] = {}
+        for name, nth in parse_fault_spec(faults) if isinstance(faults, str) else faults:
+            self.add(name, nth)
+
+    def add(self, op_name: str, nth: int) -> None:
+        if "::" not in op_name:
+            op_name = "aten::" + op_name
+        self.targets.setdefault(op_name, set()).add(nth)
+
+    def check(self, op_name: str) -> None:
+        targets = self.targets.get(op_name)
+        if targets is None:
+            return
+        count = self.seen[op_name] = self.seen.get(op_name, 0) + 1
+        if count in targets:
+            raise RuntimeError(f"injected fault: {op_name} kernel #{count} failed (NEURON_SIM_FAULT)")
+
+
+class BatchCost:
+    """The costs of kernels launched together (``ExecutionQueue.launch_batch``), summed
+    once: ``each`` is ``(key, bytes, time_us, ops)`` per kernel in launch order."""
+
+    __slots__ = ("each", "nbytes", "time_us", "ops", "by_key")
+
+    def __init__(self, each) -> None:
+        self.each = tuple(each)
+        self.nbytes = sum(item[1] for item in self.each)
+        self.time_us = sum(item[2] for item in self.each)
+        self.ops = sum(item[3] for item in self.each)
+        by_key: dict = {}
+        for key, nbytes, time_us, _ in self.each:
+            totals = by_key.setdefault(key, [0, 0.0, 0])
+            totals[0] += 1
+            totals[1] += time_us
+            totals[2] += nbytes
+        self.by_key = tuple((key, *totals) for key, totals in by_key.items())
+
+
+class ExecutionQueue:
+    def __init__(self) -> None:
+        self._items: _queue.SimpleQueue = _queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self.issued = 0  # ops recorded so far: each record's place in issue order (host side)
+        self.submitted = 0  # items put on the queue (host side)
+        self.completed = 0  # items the worker finished (device side)
+        self.failures = FailureState()
+        self.poison_seen = False  # a storage was ever poisoned: kernels check their inputs
+        self.faults: FaultInjector | None = FaultInjector(CONFIG.faults) if CONFIG.faults else None
+        # The simulated timeline (deterministic: costs only, never host timing):
+        self.clock_us = 0.0  # device busy time: the sum of launched kernels' times
+        self.host_us = 0.0  # host clock: host_us_per_op per issued op; waits at sync points
+        self.device_free_us = 0.0  # when the device finishes the last launched kernel
+        self.host_us_per_op = CONFIG.host_us_per_op
+        self.kernel_totals: dict = {}  # kernel name or op -> [launches, simulated us, bytes]
+        self.trace_recorder = None  # a device.trace.TraceRecorder while tracing (read-only: set_trace_recorder)
+        self._failed_kernels: list = []  # signatures of fused kernels an op failed in (worker -> host)
+        self._failed_lock = threading.Lock()
+        self.last_on_stream: dict[int, int] = {}  # stream id -> sequence of its last item
+        # Doorbell batching: submitted items wait in ``_batch`` until the host rings.
+        self._batch: list = []
+        self._batch_bytes = 0
+        self._batch_ops = 0
+        self.batch_items = 1024
+        self.batch_bytes = 1 << 20
+
+    # -- host side -------------------------------------------------------------------
+    def submit(self, item, stream_id: int = 0, nbytes: int = 0, ops: int = 1) -> int:
+        """Put ``item`` on the queue. Items reach the worker in batches (see ``ring``)."""
+        self.submitted += 1
+        sequence = self.submitted
+        self.last_on_stream[stream_id] = sequence
+        batch = self._batch
+        batch.append(item)
+        self._batch_bytes += nbytes
+        self._batch_ops += ops
+        if self._batch_ops >= self.batch_items or self._batch_bytes >= self.batch_bytes:
+            self.ring()
+        return sequence
+
+    def ring(self) -> None:
+        """Hand the batched items to the device worker (the doorbell).
+
+        The host rings when a batch is full (``batch_items`` launches, or ``batch_bytes`` of
+        memory traffic: enough work to overlap with the host)
+        and at every sync point. Ringing per item would make the two threads trade the GIL
+        on every op: each torch call on the host releases it, and the waiting worker takes
+        it; batching keeps the host's per-op cost near a plain wrapper's
+        (bench/overhead.py).
+        """
+        with HOST_LOCK:
+            batch = self._batch
+            if batch:
+                if self._worker is None:
+                    self._start()
+                self._batch = []
+                self._batch_bytes = 0
+                self._batch_ops = 0
+                self._items.put(batch)
+
+    def launch(self, kernel, key, nbytes: int, time_us: float, stream: int, ops: int = 1) -> int:
+        """Submit one kernel launch and account for it."""
+        start = self.account(key, nbytes, time_us, stream)
+        sequence = self.submit(kernel, stream, nbytes, ops)
+        if self.trace_recorder is not None:
+            self.trace_recorder.kernel(kernel, key, start, time_us, stream, sequence)
+        return sequence
+
+    def launch_batch(self, kernels, costs: "BatchCost", stream: int) -> None:
+        """Submit kernels issued together (one flush of an adaptive window; ``costs``
+        lists theirs in order) and account for them in bulk: the same counters and
+        timeline as ``launch`` per kernel, at a fraction of the host time. Issued at one
+        simulated instant, they run back to back from ``max(device free, host)``.
+
+        ``kernels`` is a list of queue items, one per kernel, or one item (a command
+        list) that runs them all; the trace needs the list, to give each its own slot."""
+        if self.trace_recorder is not None:
+            for kernel, (key, nbytes, time_us, ops) in zip(kernels, costs.each):
+                self.launch(kernel, key, nbytes, time_us, stream, ops)
+            return
+        counters = COUNTERS
+        count = len(costs.each)
+        counters.kernels_launched += count
+        counters.bytes_moved += costs.nbytes
+        counters.device_time_us += costs.time_us
+        self.clock_us += costs.time_us
+        device_free = self.device_free_us
+        begin = device_free if device_free > self.host_us else self.host_us
+        self.device_free_us = begin + costs.time_us
+        kernel_totals = self.kernel_totals
+        for key, launches, time_us, nbytes in costs.by_key:
+            totals = kernel_totals.get(key)
+            if totals is None:
+                kernel_totals[key] = [launches, time_us, nbytes]
+            else:
+                totals[0] += launches
+                totals[1] += time_us
+                totals[2] += nbytes
+        by_stream = counters.launches_by_stream
+        by_stream[stream] = by_stream.get(stream, 0) + count
+        if type(kernels) is list:
+            self.submitted += count
+            self._batch.extend(kernels)
+        else:
+            self.submitted += 1
+            self._batch.append(kernels)
+        self.last_on_stream[stream] = self.submitted
+        self._batch_bytes += costs.nbytes
+        self._batch_ops += costs.ops
+        if self._batch_ops >= self.batch_items or self._batch_bytes >= self.batch_bytes:
+            self.ring()
+
+    def account(self, key, nbytes: int, time_us: float, stream: int) -> float:
+        """Count one launch (``key``: its op or fused kernel name) and return its simulated
+        start on the timeline. The simulated clocks advance here, at submission: with one
+        in-order queue, a kernel starts when both the one before it has ended and the
+        simulated host has issued it, so its slot is known when it is issued."""
+        counters = COUNTERS
+        counters.kernels_launched += 1
+        counters.bytes_moved += nbytes
+        counters.device_time_us += time_us
+        self.clock_us += time_us
+        device_free = self.device_free_us
+        begin = device_free if device_free > self.host_us else self.host_us
+        self.device_free_us = begin + time_us
+        totals = self.kernel_totals.get(key)
+        if totals is None:
+            self.kernel_totals[key] = [1, time_us, nbytes]
+        else:
+            totals[0] += 1
+            totals[1] += time_us
+            totals[2] += nbytes
+        by_stream = counters.launches_by_stream
+        by_stream[stream] = by_stream.get(stream, 0) + 1
+        return begin
+
+    def depth(self) -> int:
+        """Items submitted and not yet run by the worker thread (real, timing-dependent)."""
+        return self.submitted - self.completed
+
+    def backlog_us(self) -> float:
+        """Simulated work queued ahead of the host: how long the device stays busy if the
+        host launches nothing more. At or below zero, the device is starved.
+
+        The simulated host issues one op every ``host_us_per_op`` (``NEURON_SIM_HOST_US``,
+        default 5 us: an *assumption*, about a CUDA eager framework's per-op host cost) and
+        waits for the device at sync points; kernels start when both the host has launched
+        them and the device is free. Being deterministic, it makes adaptive windows, plans
+        and statistics repeatable run to run.
+        """
+        return self.device_free_us - self.host_us
+
+    def issue_ops(self, count: int) -> int:
+        """Issue ``count`` ops at once, as the host would one by one (a compiled graph's
+        replay): returns the issue number before the first, and advances the simulated
+        host clock by ``count`` ops."""
+        first = self.issued
+        self.issued = first + count
+        self.host_us += self.host_us_per_op * count
+        return first
+
+    # -- observing -------------------------------------------------------------------
+    def set_trace_recorder(self, recorder):
+        """Start (a ``TraceRecorder``) or stop (None) recording the timeline; returns the
+        recorder it replaces."""
+        previous, self.trace_recorder = self.trace_recorder, recorder
+        return previous
+
+    @property
+    def observing(self) -> bool:
+        """Tracing or profiling: each kernel goes on the queue as its own item, so the
+        timeline and the profiler give it a slot of its own."""
+        return self.trace_recorder is not None or torch.autograd.profiler._is_profiler_enabled
+
+    @property
+    def injecting_faults(self) -> bool:
+        """Is a fault injected (``NEURON_SIM_FAULT``, ``inject_fault``)? Any op may fail."""
+        return self.faults is not None
+
+    def drain(self) -> None:
+        """Wait until everything submitted so far has run. Raises nothing."""
+        with HOST_LOCK:
+            if self.completed >= self.submitted:
+                return
+            fence = Fence()
+            self.submit(fence)
+            self.ring()
+        fence.event.wait()
+
+    def wait(self) -> None:
+        """Drain, then rethrow the earliest deferred failure, if any, and clear it."""
+        self.drain()
+        if self.device_free_us > self.host_us:
+            self.host_us = self.device_free_us  # the simulated host waited for the device
+        self.raise_pending()
+
+    def raise_pending(self) -> None:
+        if self.failures.first is None:
+            return
+        failure = self.failures.take()
+        if failure is not None:
+            COUNTERS.errors_raised += 1
+            raise NeuronRuntimeError(failure.message(), failure)
+
+    def is_complete(self, sequence: int) -> bool:
+        return self.completed >= sequence
+
+    def kernel_summary(self) -> dict:
+        """{kernel name: [launches, simulated us, bytes]}, merging overloads of one op."""
+        summary: dict = {}
+        for key, (launches, time_us, nbytes) in list(self.kernel_totals.items()):
+            name = key if isinstance(key, str) else key._schema.name
+            entry = summary.setdefault(name, [0, 0.0, 0])
+            entry[0] += launches
+            entry[1] += time_us
+            entry[2] += nbytes
+        return summary
+
+    def reset_kernel_summary(self) -> None:
+        self.kernel_totals.clear()
+
+    def take_failed_kernels(self) -> list:
+        """The signatures of the fused kernels an op failed in since the last call (host
+        side: the runtime stops fusing those chains)."""
+        if not self._failed_kernels:
+            return []
+        with self._failed_lock:
+            taken, self._failed_kernels = self._failed_kernels, []
+        return taken
+
+    # -- device side -----------------------------------------------------------------
+    def must_run_op_by_op(self, records) -> bool:
+        """Must a fused kernel of ``records`` run each op by the failure rules (a fault
+        injected, a failure pending, or a poisoned input), with no built or library
+        kernel in between?"""
+        if self.faults is not None or self.failures.first is not None:
+            return True
+        return self.poison_seen and any(
+            storage.poison is not None for record in records for storage in record.reads
+        )
+
+    def report_failed_kernel(self, signature) -> None:
+        """An op failed inside the fused kernel of ``signature`` (its failure is recorded
+        by ``fail``); the runtime takes it at its next flush."""
+        with self._failed_lock:
+            self._failed_kernels.append(signature)
+
+    def fail(self, failure: KernelFailure, written) -> None:
+        self.poison_seen = True
+        for storage in written:
+            if storage is not None:
+                storage.poison = failure
+        COUNTERS.errors_deferred += 1
+        self.failures.record(failure)
+
+    def drop(self, results) -> None:
+        failure = self.failures.first
+        for storage in results:
+            if storage is not None:
+                storage.poison = failure
+        COUNTERS.kernels_skipped += 1
+
+    def _start(self) -> None:
+        with self._start_lock:
+            if self._worker is None:
+                keep_freed_memory()  # the device's memory pool
+                worker = threading.Thread(target=self._run, name="neuron-device-worker", daemon=True)
+                worker.start()
+                self._worker = worker
+
+    def _run(self) -> None:
+        get = self._items.get
+        while True:
+            batch = get()
+            profiling = torch.autograd.profiler._is_profiler_enabled
+            for index in range(len(batch)):
+                # Drop each kernel (and the tensors it holds) before running the next one:
+                # once a fence signals the host, the worker must hold no tensor, or a host
+                # that exits right away races the worker's deallocations and the process
+                # aborts during interpreter finalization.
+                item = batch[index]
+                batch[index] = None
+                if self.trace_recorder is None and not profiling:
+                    item.execute(self)
+                else:
+                    self._launch_observed(item, profiling)
+                item = None
+                self.completed += 1
+
+    def _launch_observed(self, item, profiling: bool) -> None:
+        """Launch under the timeline and/or ``torch.profiler`` (a ``neuron::`` range)."""
+        started = time.perf_counter()
+        if profiling and (hasattr(item, "op") or hasattr(item, "records")):
+            name = getattr(item, "name", "kernel")
+            with torch.autograd.profiler.record_function(f"neuron::{name}"):
+                item.execute(self)
+        else:
+            item.execute(self)
+        if self.trace_recorder is not None:
+            self.trace_recorder.executed(self.completed + 1, started, time.perf_counter())
+
+    def inject_fault(self, op_name: str, nth: int = 1) -> None:
+        """Make the ``nth`` kernel running ``op_name`` fail (counted from now)."""
+        if self.faults is None:
+            self.faults = FaultInjector()
+        self.faults.add(op_name, nth)
+
+    def clear_faults(self) -> None:
+        self.faults = None
+
+    def reset_after_fork(self) -> None:
+        self.__init__()
+
+
+QUEUE = ExecutionQueue()
+
+if hasattr(os, "register_at_fork"):
+    # A forked child has no worker thread: give it a fresh, empty queue of its own.
+    os.register_at_fork(after_in_child=QUEUE.reset_after_fork)

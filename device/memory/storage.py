@@ -1,0 +1,303 @@
+"""Device memory: one :class:`DeviceStorage` per allocation, and the allocator's books.
+
+Entry points: :class:`DeviceStorage` and :data:`MEMORY`.
+
+A storage plays a block of HBM. Its bytes live in a CPU tensor (``data``), which is
+created lazily: the kernel that first writes the storage hands over its result tensor
+("adopt"), so a functional op costs no extra copy; the host allocates the buffer itself
+only when it needs to alias it before that (a view) or when nothing will write it
+(``torch.empty``). Either way the device memory is accounted at allocation time, on the
+host, as a CUDA caching allocator would: going over capacity raises
+``torch.OutOfMemoryError`` there and then, and nothing already on the device is lost.
+
+Views share their base's storage. A storage is freed when the last tensor and the last
+queued kernel that use it are gone.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import torch
+
+from ..core.config import CONFIG
+
+_MATERIALIZE_LOCK = threading.Lock()
+# The books change on two threads: the host allocates, and whichever thread drops a
+# storage's last reference frees (often the device worker, after the last kernel reading
+# it). `allocated += n` is a read and a write, so both sides update under this lock.
+_BOOKS_LOCK = threading.Lock()
+_ROUND = 512  # allocation granularity in bytes, as in CUDA's caching allocator
+
+
+class MemoryBooks:
+    __slots__ = ("allocated", "peak", "reserved", "allocations", "frees", "ooms", "live_blocks")
+
+    def __init__(self) -> None:
+        self.allocated = 0
+        self.peak = 0
+        self.reserved = 0
+        self.allocations = 0
+        self.frees = 0
+        self.ooms = 0
+        self.live_blocks = 0
+
+
+MEMORY = MemoryBooks()
+
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD_MAX = 32 << 20  # glibc's ceiling for M_MMAP_THRESHOLD on 64-bit
+
+
+def _libc_malloc_function(name: str):
+    try:
+        return getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
+        return None
+
+
+def keep_freed_memory() -> bool:
+    """The device's memory pool, as CUDA's caching allocator keeps freed blocks for reuse.
+
+    The simulated device's memory is host memory from the C allocator. By default glibc
+    maps each block over 128 KiB afresh and returns freed memory to the OS, so every
+    activation-sized kernel output costs page faults (measured: half of the system time of
+    a GPT training step). Called when the device starts, this keeps freed memory in the
+    heap for the next allocation; ``torch.neuron.empty_cache()`` returns it to the OS.
+    Returns False where the C library is not glibc."""
+    mallopt = _libc_malloc_function("mallopt")
+    if mallopt is None:
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX) and mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1))
+
+
+def release_freed_memory() -> None:
+    """Return the pool's free memory to the OS (``torch.neuron.empty_cache``)."""
+    trim = _libc_malloc_function("malloc_trim")
+    if trim is not None:
+        trim(0)
+
+
+def rounded_nbytes(nbytes: int) -> int:
+    """What an allocation of ``nbytes`` books: rounded up to the allocation granularity."""
+    return -(-nbytes // _ROUND) * _ROUND
+
+
+def storage_nbytes(shape, stride, itemsize: int) -> int:
+    """Bytes a tensor of this shape and stride spans from its first element."""
+    span = 1
+    for size, step in zip(shape, stride):
+        if size == 0:
+            return 0
+        span += (size - 1) * step
+    return span * itemsize
+
+
+def _size(nbytes: int) -> str:
+    """``1.50 GiB``, or ``4.00 MiB`` below a GiB (as CUDA's messages)."""
+    return f"{nbytes / (1 << 30):.2f} GiB" if nbytes >= 1 << 30 else f"{nbytes / (1 << 20):.2f} MiB"
+
+
+def _out_of_memory(nbytes: int) -> torch.OutOfMemoryError:
+    capacity = CONFIG.hbm_bytes
+    from ..core.errors import users_error
+
+    return users_error(torch.OutOfMemoryError(
+        f"neuron: out of device memory. Tried to allocate {_size(nbytes)}; the device "
+        f"holds {_size(capacity)}, of which {_size(MEMORY.allocated)} are "
+        f"allocated in {MEMORY.live_blocks} blocks (peak {_size(MEMORY.peak)}). "
+        "Nothing already on the device was lost. Set NEURON_SIM_HBM_GB to simulate a larger "
+        "device, or free tensors you no longer need."
+    ))
+
+
+def _book(nbytes: int, count: int) -> None:
+    """Book ``count`` allocations of ``nbytes`` in all in the memory books, or raise
+    ``torch.OutOfMemoryError`` (counted, nothing booked) when they do not fit."""
+    books = MEMORY
+    capacity = CONFIG.hbm_bytes
+    with _BOOKS_LOCK:
+        allocated = books.allocated + nbytes
+        if allocated <= capacity:
+            books.allocated = allocated
+            books.allocations += count
+            books.live_blocks += count
+            if allocated > books.peak:
+                books.peak = allocated
+                if allocated > books.reserved:
+                    books.reserved = allocated
+        else:
+            books.ooms += 1
+    if allocated > capacity:
+        raise _out_of_memory(nbytes)
+
+
+class DeviceStorage:
+    """One device allocation. ``data`` is its CPU backing tensor, or None until needed."""
+
+    __slots__ = ("data", "nbytes", "shape", "stride", "dtype", "poison", "alive", "__weakref__")
+
+    def __init__(self, shape, stride, dtype, nbytes: int, data=None) -> None:
+        rounded = -(-nbytes // _ROUND) * _ROUND
+        self.nbytes = None  # nothing booked yet: __del__ has nothing to free
+        _book(rounded, 1)
+        self.nbytes = rounded
+        self.shape = shape
+        self.stride = stride
+        self.dtype = dtype
+        self.data = data
+        self.poison = None  # KernelFailure that left this storage without valid data
+        # Is its PrivateUse1 storage still referenced by anything (a tensor, a view, a
+        # tensor autograd saved, an optimizer's state)? The C++ side clears it when the
+        # storage is freed (device/csrc/memory.cpp): an adaptive window need not write back
+        # a value it made whose storage nothing references any more.
+        self.alive = True
+
+    @classmethod
+    def allocate_all(cls, layouts, total: int) -> list:
+        """Storages for ``layouts`` (``(shape, stride, dtype, bytes rounded up to the
+        allocation granularity)`` each; ``total`` is their bytes' sum), booked at once, as
+        allocating them one after the other books them (a compiled graph's replay, which
+        makes all of a call's storages before it issues anything). Raises
+        ``torch.OutOfMemoryError`` with none of them booked when they do not all fit."""
+        _book(total, len(layouts))
+        storages = []
+        append = storages.append
+        new = cls.__new__
+        for shape, stride, dtype, nbytes in layouts:
+            storage = new(cls)
+            storage.nbytes = nbytes
+            storage.shape = shape
+            storage.stride = stride
+            storage.dtype = dtype
+            storage.data = None
+            storage.poison = None
+            storage.alive = True
+            append(storage)
+        return storages
+
+    def __del__(self) -> None:
+        nbytes = self.nbytes
+        if nbytes is None:
+            return
+        books = MEMORY
+        with _BOOKS_LOCK:
+            books.allocated -= nbytes
+            books.frees += 1
+            books.live_blocks -= 1
+
+    def materialize(self) -> torch.Tensor:
+        """The CPU backing tensor, allocating it now if nothing has written it yet."""
+        data = self.data
+        if data is None:
+            with _MATERIALIZE_LOCK:
+                data = self.data
+                if data is None:
+                    data = self.data = torch.empty_strided(self.shape, self.stride, dtype=self.dtype)
+        return data
+
+    def adopt(self, result: torch.Tensor) -> None:
+        """Make a kernel's result this storage's contents (no copy when possible)."""
+        with _MATERIALIZE_LOCK:
+            if (
+                self.data is None
+                and result.stride() == self.stride
+                and result.shape == self.shape
+                and result.dtype is self.dtype
+                and result.storage_offset() == 0
+            ):
+                self.data = result
+                return
+        if result.shape != self.shape or result.dtype is not self.dtype:
+            # Copying would hide it (a silent dtype conversion, or a broadcast).
+            raise RuntimeError(
+                f"the kernel produced a tensor of shape {tuple(result.shape)} and dtype "
+                f"{result.dtype} where shape inference predicted {self.shape} and {self.dtype}; "
+                "this is a bug in the device's shape inference for this op "
+                "(device/ops/meta_overrides.py, META_OVERRIDES)"
+            )
+        self.materialize().copy_(result)
+
+
+    @classmethod
+    def of_bytes(cls, nbytes: int) -> "DeviceStorage":
+        """The Python side of a storage ATen allocated on the device (``torch.UntypedStorage(n,
+        device="neuron")``), made when Python first meets it: ``nbytes`` of bytes."""
+        return cls((nbytes,), (1,), torch.uint8, nbytes)
+
+    def resize_bytes(self, nbytes: int) -> None:
+        """``storage.resize_(nbytes)``: the first ``nbytes`` bytes are kept (the caller has
+        waited for the kernels writing them). The bytes become one uint8 buffer; tensors
+        over the storage read them through their own dtype (``ReinterpretRef``)."""
+        rounded = -(-nbytes // _ROUND) * _ROUND
+        books = MEMORY
+        with _BOOKS_LOCK:
+            grown = books.allocated - (self.nbytes or 0) + rounded
+            if grown > CONFIG.hbm_bytes:
+                books.ooms += 1
+            else:
+                books.allocated = grown
+                if grown > books.peak:
+                    books.peak = grown
+                    books.reserved = max(books.reserved, grown)
+                self.nbytes = rounded
+        if grown > CONFIG.hbm_bytes:
+            raise _out_of_memory(rounded)
+        old = self.data
+        data = torch.empty(nbytes, dtype=torch.uint8)
+        if old is not None:
+            kept = min(nbytes, old.untyped_storage().nbytes())
+            if kept:
+                data[:kept].copy_(torch.empty(0, dtype=torch.uint8).set_(old.untyped_storage())[:kept])
+        self.shape, self.stride, self.dtype = (nbytes,), (1,), torch.uint8
+        self.data = data
+
+
+class ViewRef:
+    """A tensor's place in a storage: resolved to a CPU view when a kernel runs."""
+
+    __slots__ = ("storage", "shape", "stride", "offset")
+
+    def __init__(self, storage: DeviceStorage, shape, stride, offset: int) -> None:
+        self.storage = storage
+        self.shape = shape
+        self.stride = stride
+        self.offset = offset
+
+    def resolve(self, base: torch.Tensor) -> torch.Tensor:
+        return base.as_strided(self.shape, self.stride, self.offset)
+
+    def __repr__(self) -> str:
+        return f"ViewRef({self.shape}, {self.stride}, offset={self.offset})"
+
+
+class ReinterpretRef:
+    """A tensor whose view of its storage a ``ViewRef`` cannot describe: another dtype over
+    the same bytes (``view(torch.int32)``, ``view_as_real``, a resized storage), or a
+    conjugate or negative bit. Resolved through the storage's bytes."""
+
+    __slots__ = ("storage", "shape", "stride", "offset", "dtype", "conj", "neg")
+
+    def __init__(self, storage: DeviceStorage, shape, stride, offset: int, dtype, conj: bool, neg: bool) -> None:
+        self.storage = storage
+        self.shape = shape
+        self.stride = stride
+        self.offset = offset
+        self.dtype = dtype
+        self.conj = conj
+        self.neg = neg
+
+    def resolve(self, base: torch.Tensor) -> torch.Tensor:
+        if self.dtype is base.dtype:
+            view = base.as_strided(self.shape, self.stride, self.offset)
+        else:
+            view = torch.empty(0, dtype=self.dtype).set_(base.untyped_storage(), self.offset, self.shape, self.stride)
+        if self.conj:
+            view = torch._conj(view) if not view.is_conj() else view
+        if self.neg:
+            view = torch._neg_view(view) if not view.is_neg() else view
+        return view
+
+    def __repr__(self) -> str:
+        return f"ReinterpretRef({self.shape}, {self.stride}, offset={self.offset}, {self.dtype})"
