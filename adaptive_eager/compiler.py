@@ -43,7 +43,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from adaptive_eager_device.ops import recorder
-from adaptive_eager_device.hardware import sink as _sync
+from adaptive_eager_device.hardware import sink
 from adaptive_eager_device.core.config import CONFIG
 from adaptive_eager_device.hardware.execution_queue import HOST_LOCK
 from adaptive_eager_device.core.location import SourceLocation, is_internal, register_generated_code
@@ -148,8 +148,8 @@ class GraphRunner:
     def _run(self, args: list, recording, key, gm=None):
         """The FX code (``gm``: the graph's, or its device part): every op through the
         per-op path into the window, one flush."""
-        previous = _sync.current_sink()
-        _sync.set_sink(self.sink)  # flushes the eager window first
+        previous = sink.current_sink()
+        sink.set_sink(self.sink)  # flushes the eager window first
         launched = COUNTERS.kernels_launched
         recorded = COUNTERS.ops_recorded
         if gm is None:  # (a split's written inputs are distinct: checked before its host part ran)
@@ -173,7 +173,7 @@ class GraphRunner:
             recorder.HOST_SNAPSHOTS = None
             self.sink.flush(Flush.GRAPH)
             self.sink.recording = None
-            _sync.set_sink(previous)
+            sink.set_sink(previous)
             entry = self.entry
             entry["calls"] += 1
             entry["ops"] += COUNTERS.ops_recorded - recorded
@@ -201,8 +201,8 @@ class GraphRunner:
             table, bases = template.bind(args, storages)
         except torch.OutOfMemoryError:
             return None
-        previous = _sync.current_sink()
-        _sync.set_sink(self.sink)  # flushes the eager window first
+        previous = sink.current_sink()
+        sink.set_sink(self.sink)  # flushes the eager window first
         launched = COUNTERS.kernels_launched
         try:
             outputs = template.outputs_for(args, table, bases)
@@ -214,7 +214,7 @@ class GraphRunner:
                 table = None
                 self.sink.flush(Flush.GRAPH, key)
         finally:
-            _sync.set_sink(previous)
+            sink.set_sink(previous)
         entry = self.entry
         entry["calls"] += 1
         entry["replays"] += 1

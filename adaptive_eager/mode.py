@@ -14,34 +14,34 @@ from __future__ import annotations
 
 import contextlib
 
-from adaptive_eager_device.hardware import sink as _sync
+from adaptive_eager_device.hardware import sink
 
 _ADAPTIVE = {"sink": None}
 
 
 def _adaptive_sink():
-    sink = _ADAPTIVE["sink"]
-    if sink is None:
+    window = _ADAPTIVE["sink"]
+    if window is None:
         from adaptive_eager_device.backend import freeze_import_time_objects
         from .window import AdaptiveSink
 
-        sink = _ADAPTIVE["sink"] = AdaptiveSink()
+        window = _ADAPTIVE["sink"] = AdaptiveSink()
         freeze_import_time_objects()  # the planner's imports (networkx) are long-lived too
-    return sink
+    return window
 
 
 def enable() -> None:
     """Adaptive eager from now on: ops are buffered in a window and fused."""
-    _sync.set_sink(_adaptive_sink())
+    sink.set_sink(_adaptive_sink())
 
 
 def disable() -> None:
     """Strict eager from now on: one op, one kernel launch."""
-    _sync.set_sink(_sync.STRICT_SINK)
+    sink.set_sink(sink.STRICT_SINK)
 
 
 def is_enabled() -> bool:
-    return _sync.current_sink().name == "adaptive"
+    return sink.current_sink().name == "adaptive"
 
 
 @contextlib.contextmanager
@@ -77,6 +77,6 @@ def window_policy(**fields):
 def clear_caches() -> None:
     """Empty adaptive eager's plan cache and kernel cache: the next windows plan and build
     their kernels afresh, as in a new process."""
-    sink = _adaptive_sink()
-    sink.plan_cache.clear()
-    sink.kernel_cache.clear()
+    window = _adaptive_sink()
+    window.plan_cache.clear()
+    window.kernel_cache.clear()

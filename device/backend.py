@@ -32,9 +32,40 @@ import warnings
 
 import torch
 
-from . import api
-from .ops.autocast import register_autocast
-from .core.reasons import Flush
+
+def _claim_privateuse1() -> None:
+    """Rename PrivateUse1 to ``neuron`` before any module of the device is imported: they
+    name the device (``torch.device("neuron")``) at import."""
+    name = torch._C._get_privateuse1_backend_name()
+    if name not in ("privateuseone", "neuron"):
+        raise RuntimeError(
+            f"PrivateUse1 is already registered as {name!r}; one process can hold only one "
+            "out-of-tree PrivateUse1 device, so 'neuron' cannot be registered.")
+    if name == "privateuseone":
+        torch.utils.rename_privateuse1_backend("neuron")
+
+
+_claim_privateuse1()
+
+# The device's modules name the device at import (torch.device("neuron")).
+from . import _C as _native  # noqa: E402
+from . import api, dynamo  # noqa: E402
+from .core.config import CONFIG  # noqa: E402
+from .core.errors import user_facing, users_error  # noqa: E402
+from .core.reasons import Flush  # noqa: E402
+from .hardware.execution_queue import HOST_LOCK, QUEUE  # noqa: E402
+from .hardware.sink import drain, synchronize  # noqa: E402
+from .hardware.trace import start_from_environment  # noqa: E402
+from .memory.indices import MULTI  # noqa: E402
+from .memory.storage import DeviceStorage  # noqa: E402
+from .ops import attention, rnn, sparse  # noqa: E402
+from .ops.autocast import register_autocast  # noqa: E402
+from .ops.collectives import register_backend  # noqa: E402
+from .ops.device_guard import on_its_device  # noqa: E402
+from .ops.dispatch import run  # noqa: E402
+from .ops.op_table import cpu_kernel_over_composite, op_entry, overload_named, registration_name  # noqa: E402
+from .ops.rng import GENERATOR  # noqa: E402
+from .ops.shapes import SHAPE_CACHE  # noqa: E402
 
 _STATE = {"registered": False, "libraries": []}
 
@@ -42,10 +73,6 @@ _STATE = {"registered": False, "libraries": []}
 def _refuse_bad_configuration() -> None:
     """The device's first use with a bad ``NEURON_*`` value raises it (device/core/config.py).
     Every neuron tensor is born in a kernel registered here."""
-    from .core.config import CONFIG
-
-    from .core.errors import users_error
-
     problem = CONFIG.problem()
     if problem is not None:
         raise users_error(ValueError(problem))
@@ -57,49 +84,27 @@ def _make_handler():
     too, as on the CPU: the device guard is C++ (``device/csrc/hooks.cpp``), so an error
     leaving a device op on the autograd engine's thread reaches ``backward()``'s caller.
     Built once, with its names bound: it runs for every op."""
-    from .core.config import CONFIG
-    from .ops.dispatch import run
-    from .memory.indices import MULTI, on_its_device
-    from .hardware.execution_queue import HOST_LOCK
 
     acquire, release = HOST_LOCK.acquire, HOST_LOCK.release
     checked = not CONFIG.errors
-    if MULTI:  # several device indices: each op runs under its device's guard
-        run = on_its_device(run)
+    # several device indices: each op runs under its device's guard
+    run_entry = on_its_device(run) if MULTI else run
 
     def handle(entry, args, kwargs):
         if not checked:
             _refuse_bad_configuration()
         acquire()
         try:
-            return run(entry, args, kwargs)
+            return run_entry(entry, args, kwargs)
         finally:
             release()
 
     return handle
 
 
-def _user_facing(kernel):
-    """``kernel`` as registered with the dispatcher: a C function around it
-    (``_C.user_facing``) through which the user's errors (``errors.users_error``: the
-    CPU's shape and dtype errors, the device's refusals) leave without a traceback, so
-    Python shows them raised from the user's line alone, as on the CPU. This is the one
-    place every op's error passes through on its way to the user."""
-    from . import _C as _native
-
-    wrap = getattr(_native, "user_facing", None)
-    if wrap is None:  # a _C built before user_facing existed: rebuild with the install command
-        warnings.warn("adaptive_eager_device._C is out of date (no user_facing); errors keep the device's frames. "
-                      "Rebuild it: python -m pip install -c constraints.txt -e .", stacklevel=2)
-        _native.user_facing = wrap = lambda function: function
-    return wrap(kernel)
-
-
 def _boxed_fallback(op, *args, **kwargs):
     entry = _ENTRY_BY_ID.get(id(op))  # id(): an OpOverload hashes in Python
     if entry is None:
-        from .ops.op_table import op_entry
-
         entry = _ENTRY_BY_ID[id(op)] = op_entry(op)
     return _handle(entry, args, kwargs)
 
@@ -107,14 +112,14 @@ def _boxed_fallback(op, *args, **kwargs):
 _ENTRY_BY_ID: dict = {}
 
 
-def _kernel_for(op):
+def _dense_kernel(op):
+    """The kernel of ``op`` at PrivateUse1: the handler, with ``op``'s entry looked up
+    at its first call."""
     entry = None
 
     def kernel(*args, **kwargs):
         nonlocal entry
         if entry is None:
-            from .ops.op_table import op_entry
-
             entry = op_entry(op)
         return _handle(entry, args, kwargs)
 
@@ -133,9 +138,7 @@ def _whole_ops():
         if not name.startswith("aten::") or has(name, "CompositeImplicitAutograd") or has(name, "PrivateUse1"):
             continue
         if has(name, "CompositeExplicitAutograd") or has(name, "CompositeExplicitAutogradNonFunctional"):
-            qualified = name[len("aten::"):]
-            packet, _, overload = qualified.partition(".")
-            op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+            op = overload_named(name)
             if op.is_view or torch.Tag.inplace_view in op.tags:
                 continue
             yield op
@@ -148,16 +151,12 @@ def _cpu_kernel_ops():
     kernel (the CPU's, on the device bytes) and, at AutogradPrivateUse1, the op's autograd
     formula instead of the composite, as for the CPU; otherwise the composite would
     decompose them into ops that round at each step."""
-    from .ops.op_table import cpu_kernel_over_composite
-
     for name in torch._C._dispatch_get_all_op_names():
         if name.startswith("aten::") and cpu_kernel_over_composite(name):
-            packet, _, overload = name[len("aten::"):].partition(".")
-            yield getattr(getattr(torch.ops.aten, packet), overload or "default")
+            yield overload_named(name)
 
 
 def _refuse_sparse(op, *args, **kwargs):
-    from .core.errors import users_error
 
     raise users_error(NotImplementedError(
         f"compressed sparse tensors (CSR, CSC, BSR, BSC) are not supported on the neuron device ({op._schema.name}); "
@@ -167,25 +166,21 @@ def _refuse_sparse(op, *args, **kwargs):
 
 def _register_kernels() -> None:
     fallback = torch.library.Library("_", "IMPL")
-    fallback.fallback(_user_facing(_boxed_fallback), dispatch_key="PrivateUse1")
-    from .ops import sparse
+    fallback.fallback(user_facing(_boxed_fallback), dispatch_key="PrivateUse1")
 
     constructors = torch.library.Library("aten", "IMPL")
     sparse.register(fallback, constructors)  # COO: the CPU's sparse kernels on host copies (device/ops/sparse.py)
-    fallback.fallback(_user_facing(_refuse_sparse), dispatch_key="SparseCsrPrivateUse1")
+    fallback.fallback(user_facing(_refuse_sparse), dispatch_key="SparseCsrPrivateUse1")
     for name in torch._C._dispatch_get_all_op_names():  # compressed sparse tensors of device parts
         base = name[len("aten::"):].split(".")[0]
         if name.startswith("aten::") and re.match(r"_?sparse_(csr|csc|bsr|bsc|compressed)_tensor", base):
-            qualified = name[len("aten::"):]
-            packet, _, overload = qualified.partition(".")
-            op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+            op = overload_named(name)
             for key in ("PrivateUse1", "SparseCsrPrivateUse1"):
-                constructors.impl(qualified, _user_facing(functools.partial(_refuse_sparse, op)), key)
+                constructors.impl(registration_name(op), user_facing(functools.partial(_refuse_sparse, op)), key)
     _STATE["libraries"].append(constructors)
     whole = torch.library.Library("aten", "IMPL")
     for op in (*_whole_ops(), *_cpu_kernel_ops()):
-        whole.impl(op._schema.name[len("aten::"):] + (f".{op._overloadname}" if op._overloadname != "default" else ""),
-                   _user_facing(_kernel_for(op)), "PrivateUse1")
+        whole.impl(registration_name(op), user_facing(_dense_kernel(op)), "PrivateUse1")
     # c10d's collectives have PrivateUse1 kernels that hand the tensors to the process
     # group's backend, which cannot read device memory: the device runs them on the host
     # bytes (device/ops/collectives.py) instead.
@@ -195,16 +190,11 @@ def _register_kernels() -> None:
         warnings.simplefilter("ignore")  # "overriding a previously registered kernel"
         for name in torch._C._dispatch_get_all_op_names():
             if name.startswith("c10d::") and has(name, "PrivateUse1"):
-                qualified = name[len("c10d::"):]
-                packet, _, overload = qualified.partition(".")
-                op = getattr(getattr(torch.ops.c10d, packet), overload or "default")
-                collectives.impl(qualified, _user_facing(_kernel_for(op)), "PrivateUse1")
+                collectives.impl(name[len("c10d::"):], user_facing(_dense_kernel(overload_named(name))), "PrivateUse1")
     # `param.data = device_tensor` (module.to keeps each Parameter's identity so, and
     # tied weights stay tied): CPU and neuron tensors are both dense, as CPU and CUDA
     # are; PyTorch leaves the answer for PrivateUse1 to the backend.
     whole.impl("_has_compatible_shallow_copy_type", _dense_both, "PrivateUse1")
-    from .ops import attention
-    from .ops import rnn
 
     attention.register(whole)  # scaled_dot_product_attention: the CPU's choice of kernel
     rnn.register(whole)  # LSTM, GRU and RNN layers and cells: the CPU's branch of RNN.cpp
@@ -217,11 +207,6 @@ def _dense_both(tensor, other) -> bool:
 
 def _load_hooks() -> None:
     """The C++ hooks: allocator, storage resizing, pinned memory, generators, device guard."""
-    from . import _C as _native
-    from .core.config import CONFIG
-    from .ops.rng import GENERATOR
-    from .memory.storage import DeviceStorage
-    from .hardware.sink import synchronize
 
     def resize(storage, nbytes):
         synchronize(Flush.STORAGE_RESIZE)
@@ -277,8 +262,6 @@ def _drain_before_global_settings_change() -> None:
     cache is emptied too: the CPU checks a new signature runs (``shapes.check_on_cpu``)
     may read the setting (``put_`` refuses deterministic mode), and a cache hit must not
     skip them."""
-    from .ops.shapes import SHAPE_CACHE
-    from .hardware.sink import drain
 
     def draining(setter):
         @functools.wraps(setter)
@@ -300,14 +283,8 @@ def register() -> None:
     """Make ``neuron`` a PyTorch device. Safe to call more than once."""
     if _STATE["registered"]:
         return
-    name = torch._C._get_privateuse1_backend_name()
-    if name not in ("privateuseone", "neuron"):
-        raise RuntimeError(
-            f"PrivateUse1 is already registered as {name!r}; one process can hold only one "
-            "out-of-tree PrivateUse1 device, so 'neuron' cannot be registered."
-        )
-    if name == "privateuseone":
-        torch.utils.rename_privateuse1_backend("neuron")
+    # the package's __init__ renamed PrivateUse1 before importing this module
+    if not hasattr(torch, "neuron"):
         torch.utils.generate_methods_for_privateuse1_backend()
         torch._register_device_module("neuron", api)
     _load_hooks()
@@ -317,16 +294,12 @@ def register() -> None:
     register_autocast()
     _patch_accelerator()
     _drain_before_global_settings_change()
-    from . import dynamo
 
     dynamo.install()
-    from .ops.collectives import register_backend
 
     register_backend()
-    from .hardware.execution_queue import QUEUE
 
     atexit.register(QUEUE.drain)
-    from .hardware.trace import start_from_environment
 
     start_from_environment()
     _STATE["registered"] = True

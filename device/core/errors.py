@@ -13,10 +13,13 @@ naming the original failure.
 from __future__ import annotations
 
 import threading
+import traceback
 
 import torch
 
+from .. import _C as _native
 from .config import CONFIG
+from .location import source_location
 
 LAUNCH_BLOCKING_HINT = (
     "Errors on the neuron device are reported at the next synchronization point, so the "
@@ -62,7 +65,7 @@ def users_error(error: BaseException) -> BaseException:
     """Mark ``error`` as the user's: the CPU's own error for the user's arguments (a shape
     or dtype error the CPU kernel raised), or the device refusing them on purpose (device
     mismatch, out of memory, sparse layouts). It then reads as the CPU's errors read: the
-    kernel boundary (``device/backend.py``, through ``_C.user_facing``) drops the device's
+    kernel boundary (:func:`user_facing`) drops the device's
     frames, so the traceback ends at the user's line, and the chain (the meta kernel's
     rejection) is not shown. ``NEURON_FULL_STACK=1`` keeps both. Errors not marked (the
     device's own bugs) always keep their whole traceback. Returns ``error``."""
@@ -73,17 +76,25 @@ def users_error(error: BaseException) -> BaseException:
     return error
 
 
+def user_facing(kernel):
+    """``kernel`` as registered with the dispatcher: a C function around it
+    (``_C.user_facing``) through which the user's errors (:func:`users_error`: the CPU's
+    shape and dtype errors, the device's refusals) leave without a traceback, so Python
+    shows them raised from the user's line alone, as on the CPU. Every kernel the device
+    registers is wrapped so: the one place every op's error passes through on its way to
+    the user."""
+    return _native.user_facing(kernel)
+
+
 class KernelFailure:
     """One kernel that failed on the queue, with the context captured at issue time."""
 
     __slots__ = ("op_name", "call", "location", "kernel_name", "original", "sequence", "issue")
 
     def __init__(self, op_name, call, location, kernel_name, original, sequence, issue) -> None:
-        from .location import describe
-
         self.op_name = op_name  # "aten::embedding"
         self.call = call  # "aten::embedding(f32[10, 4], i64[2, 3])"
-        self.location = describe(location)  # SourceLocation of the user's line
+        self.location = source_location(location)  # SourceLocation of the user's line
         self.kernel_name = kernel_name  # fused kernel name, or None for a single op
         self.original = original  # the exception the kernel raised
         self.sequence = sequence  # launch number on the queue
@@ -106,16 +117,12 @@ class KernelFailure:
         if stack:
             lines.append("  issued from (most recent call last):")
             lines += ["    " + line.rstrip() for line in _format_stack(stack)]
-        from .config import CONFIG
-
         if not CONFIG.launch_blocking:  # with it set, this is raised at the faulty op already
             lines.append(LAUNCH_BLOCKING_HINT)
         return "\n".join(lines)
 
 
 def _format_stack(stack):
-    import traceback
-
     return "".join(traceback.format_list(stack)).splitlines()
 
 

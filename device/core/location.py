@@ -67,7 +67,7 @@ class SourceLocation:
 
 def capture_location(depth: int = 2):
     """The issuing frame as a raw ``(code, instruction offset)`` pair (cheap; see
-    :func:`describe`). The offset, not the line: a frame's line number is computed by
+    :func:`source_location`). The offset, not the line: a frame's line number is computed by
     walking its code's line table from the start, which costs as much as the code is long
     (a compiled graph's generated code runs hundreds of ops in one function), and is
     needed only when an error is reported."""
@@ -122,7 +122,7 @@ def _line_of(code, offset: int) -> int:
     return code.co_firstlineno
 
 
-def describe(raw) -> SourceLocation:
+def source_location(raw) -> SourceLocation:
     """The :class:`SourceLocation` of a raw location from :func:`capture_location`."""
     if isinstance(raw, SourceLocation) or raw is None:
         return raw

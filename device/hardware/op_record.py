@@ -79,7 +79,7 @@ class OpRecord:
     - ``cost``: an ``OpCost`` from the cost model;
     - ``signature``: the op and its argument metadata; ``signature_id``: a small number standing for
       it (never reused), the unit of the plan cache's keys;
-    - ``location``: the user's line that issued it (raw; ``location.describe`` formats);
+    - ``location``: the user's line that issued it (raw; ``location.source_location`` formats);
     - ``issue``: its place in issue order (``ExecutionQueue.issued``), which decides which
       failure is the earliest and which ops a failure drops, whatever the fusion.
     """

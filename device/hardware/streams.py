@@ -26,7 +26,7 @@ import itertools
 
 import torch
 
-from . import sink as _sync
+from . import sink
 from ..memory.indices import current_index, exchange_index, index_of
 from ..core.counters import COUNTERS
 from .execution_queue import HOST_LOCK, QUEUE, Fence
@@ -65,7 +65,7 @@ class Stream(torch.Stream):
 
     def query(self) -> bool:
         """True when everything issued on this stream has run."""
-        _sync.flush(Flush.STREAM_QUERY)
+        sink.flush(Flush.STREAM_QUERY)
         last = QUEUE.last_on_stream.get(self.stream_id, 0)
         if last > QUEUE.completed:
             QUEUE.ring()
@@ -73,7 +73,7 @@ class Stream(torch.Stream):
 
     def synchronize(self) -> None:
         """Wait for this stream's work (a sync point; rethrows deferred errors)."""
-        _sync.synchronize(Flush.STREAM_SYNCHRONIZE)
+        sink.synchronize(Flush.STREAM_SYNCHRONIZE)
 
     def wait_stream(self, stream) -> None:
         # One in-order queue: the other stream's work already runs before ours.
@@ -130,7 +130,7 @@ def set_stream(stream: Stream) -> None:
     stream_id = stream.stream_id
     if stream_id == STATE.current:
         return
-    _sync.flush(Flush.STREAM_CHANGE)
+    sink.flush(Flush.STREAM_CHANGE)
     if stream_id and stream_id not in _streams_by_id:
         _streams_by_id[stream_id] = stream if isinstance(stream, Stream) else Stream(
             stream.device_index, _stream_id=stream_id)
@@ -171,7 +171,7 @@ class Event:
     def record(self, stream: Stream | None = None) -> None:
         stream = stream if stream is not None else current_stream()
         with HOST_LOCK:
-            _sync.flush(Flush.EVENT_RECORD)
+            sink.flush(Flush.EVENT_RECORD)
             self._marker = Fence()
             self._device_index = stream.device_index
             self._clock_us = QUEUE.clock_us

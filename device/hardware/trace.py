@@ -30,7 +30,7 @@ import threading
 import time
 
 from ..core.config import CONFIG
-from ..core.location import describe
+from ..core.location import source_location
 from ..core.reasons import Flush
 
 HOST_PID, WORKER_PID, SIMULATED_PID = 1, 2, 3
@@ -77,7 +77,7 @@ class TraceRecorder:
                 "tid": thread,
                 "ts": self._us(started),
                 "dur": max(round((now - started) * 1e6, 3), 0.001),
-                "args": {"op_id": op_id, "stream": record.stream, "issued_at": str(describe(record.location))},
+                "args": {"op_id": op_id, "stream": record.stream, "issued_at": str(source_location(record.location))},
             }
         )
         self.events.append({"name": "issue", "cat": "issue", "ph": "s", "id": op_id, "pid": HOST_PID, "tid": thread, "ts": self._us(started)})

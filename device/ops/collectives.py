@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from ..hardware import sink as _sync
+from ..hardware import sink
 from ..hardware.cost_model import PROFILE
 from .host_ops import host_call_args, upload_result
 from ..core.counters import COUNTERS
@@ -147,7 +147,7 @@ def _check_agreement(name, args, kwargs, host_args) -> None:
 
 
 def run_collective(entry, args, kwargs):
-    _sync.synchronize(Flush.COLLECTIVE.of(entry.name))
+    sink.synchronize(Flush.COLLECTIVE.of(entry.name))
     host_args, host_kwargs = host_call_args(entry, args, kwargs, check_poison=True)
     _check_agreement(entry.name, args, kwargs, host_args)
     result = entry.op(*host_args, **host_kwargs)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..hardware import sink as _sync
+from ..hardware import sink
 from ..core.config import CONFIG
 from ..hardware.cost_model import PROFILE
 from ..core.errors import poisoned_read_error, users_error
@@ -80,7 +80,7 @@ def run_on_host(entry, args, kwargs, reason):
             f"{entry.name} is not supported on the neuron device (no meta kernel to infer its "
             "output), and NEURON_FALLBACK=0 forbids running it on the CPU."
         ))
-    _sync.synchronize(reason.of(entry.name) if reason in (Flush.FALLBACK, Flush.DATA_DEPENDENT) else reason)
+    sink.synchronize(reason.of(entry.name) if reason in (Flush.FALLBACK, Flush.DATA_DEPENDENT) else reason)
     host_args, host_kwargs = host_call_args(entry, args, kwargs, check_poison=True)
     try:
         if entry.host_random:
@@ -128,7 +128,7 @@ def run_random_on_host_with_device_generator(entry, args, kwargs):
         if device is not None and device.type == "neuron":
             raise users_error(RuntimeError(
                 f"{entry.name}: a neuron generator with tensors on more than one device"))
-    _sync.synchronize(Flush.RANDOM_ON_HOST)
+    sink.synchronize(Flush.RANDOM_ON_HOST)
     host_kwargs = dict(kwargs, generator=generator_twin(kwargs["generator"]))
     try:
         return entry.op(*args, **host_kwargs)

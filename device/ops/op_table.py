@@ -64,6 +64,21 @@ LIKE = "like"
 
 aten = torch.ops.aten
 
+
+def overload_named(name: str):
+    """The ``OpOverload`` of a dispatcher name: ``"aten::add.Tensor"`` ->
+    ``torch.ops.aten.add.Tensor`` (no overload: ``.default``)."""
+    namespace, _, qualified = name.partition("::")
+    packet, _, overload = qualified.partition(".")
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
+
+
+def registration_name(op) -> str:
+    """What ``Library.impl`` takes for ``op``: ``"add.Tensor"``, ``"relu"``."""
+    name = op._schema.name.partition("::")[2]
+    return name if op._overloadname == "default" else f"{name}.{op._overloadname}"
+
+
 _NO_OPS = {aten.record_stream.default}
 # Ops that return an alias of an input although their schema does not say so: metadata
 # only, like views ("unsafe": the caller promises not to use the input again).

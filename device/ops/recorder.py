@@ -19,13 +19,13 @@ from time import perf_counter
 
 import torch
 
-from ..hardware import sink as _sync
-from ..memory.indices import DeviceMismatchError, check_ordinal, current_index, mismatch
+from ..hardware import sink
+from ..memory.indices import check_ordinal, current_index
+from .device_guard import DeviceMismatchError, mismatch
 from ..hardware.op_record import OpRecord
 from . import overlap
 from ..core.location import capture_location, warn_at_user_line
 from ..core.counters import COUNTERS
-from .op_table import op_entry
 from ..hardware.execution_queue import QUEUE
 from .rng import GENERATOR, generator_twin
 from ..core.reasons import Flush
@@ -258,7 +258,7 @@ def record_kernel(entry, args, kwargs):
     QUEUE.host_us += QUEUE.host_us_per_op
     if trace is not None:
         trace.issue(record, started)
-    _sync._sink.record(record)
+    sink._sink.record(record)
     return _build_return(entry, inference.structure, outputs, args, kwargs)
 
 

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import torch
 
-from ..hardware import sink as _sync
+from ..hardware import sink
 from ..core.config import CONFIG
 from ..core.counters import COUNTERS
-from ..core.errors import poisoned_read_error, users_error
+from ..core.errors import poisoned_read_error, user_facing, users_error
 from ..hardware.execution_queue import HOST_LOCK
 from .host_ops import host_call_args, upload_result
-from .op_table import HOST_READ, op_entry
+from .op_table import HOST_READ, op_entry, overload_named
 from ..core.reasons import Flush
 from ..memory.tensor import cpu_view, storage_of
 
@@ -49,19 +49,16 @@ def register(fallback, kernels) -> None:
     (``clone``, ``copy_``, ``index_select``...) would otherwise run for a sparse neuron
     tensor, as a composite outranks a fallback, where the CPU runs its sparse kernel. The
     C++ kernels of the structure (``_C.init``, device/csrc/sparse.cpp) keep their place."""
-    from ..backend import _user_facing
-
-    fallback.fallback(_user_facing(run_sparse), dispatch_key="SparsePrivateUse1")
+    fallback.fallback(user_facing(run_sparse), dispatch_key="SparsePrivateUse1")
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     for name in torch._C._dispatch_get_all_op_names():
         if name.startswith("aten::") and has(name, "SparseCPU") and not has(name, "SparsePrivateUse1"):
-            qualified = name[len("aten::"):]
-            packet, _, overload = qualified.partition(".")
-            op = getattr(getattr(aten, packet), overload or "default")
-            kernels.impl(qualified, _user_facing(_kernel_for(op)), "SparsePrivateUse1")
+            kernels.impl(name[len("aten::"):], user_facing(_sparse_kernel(overload_named(name))), "SparsePrivateUse1")
 
 
-def _kernel_for(op):
+def _sparse_kernel(op):
+    """The kernel of ``op`` at SparsePrivateUse1: :func:`run_sparse`."""
+
     def kernel(*args, **kwargs):
         return run_sparse(op, *args, **kwargs)
 
@@ -137,7 +134,7 @@ def _run_on_host(op, args, kwargs):
     if not CONFIG.fallback:
         raise users_error(NotImplementedError(
             f"{entry.name} on a sparse tensor runs on the CPU on the neuron device, and NEURON_FALLBACK=0 forbids it."))
-    _sync.synchronize(Flush.FALLBACK.of(entry.name))
+    sink.synchronize(Flush.FALLBACK.of(entry.name))
     sparse_args = [_to_host(a) for a in args]
     sparse_kwargs = {k: _to_host(v) for k, v in kwargs.items()}
     host_args, host_kwargs = host_call_args(entry, sparse_args, sparse_kwargs, check_poison=True)

@@ -13,12 +13,12 @@ from __future__ import annotations
 import torch
 
 from .. import _C as _native
-from ..hardware import sink as _sync
+from ..hardware import sink
 from ..core.errors import users_error
 from ..core.counters import COUNTERS
 from ..core.reasons import Flush
 from ..memory.storage import storage_nbytes
-from ..memory.tensor import describe, storage_of
+from ..memory.tensor import storage_of
 
 aten = torch.ops.aten
 _Tensor = torch.Tensor
@@ -54,7 +54,7 @@ def _grow(tensor: torch.Tensor, nbytes: int) -> None:
         return
     if not untyped.resizable():  # a storage view (storage[a:b]): the CPU's error
         raise users_error(RuntimeError("Trying to resize storage that is not resizable"))
-    _sync.synchronize(Flush.RESIZE)
+    sink.synchronize(Flush.RESIZE)
     storage_of(tensor).resize_bytes(nbytes)
     _native.regrow(tensor, nbytes)
 
@@ -85,7 +85,7 @@ def run_metadata(entry, args, kwargs):
         _grow(tensor, needed)
         set_metadata(tensor, tensor.untyped_storage(), offset, shape, stride)
         return tensor
-    _sync.synchronize(Flush.METADATA.of(entry.name))
+    sink.synchronize(Flush.METADATA.of(entry.name))
     if op is aten.set_.default:  # set_(): an empty storage of the device
         from ..memory.storage import DeviceStorage
         from ..memory.tensor import device_tensor
