@@ -12,10 +12,9 @@ package alone.
 # (backend.register), which must find torch fully imported, not half-way.
 import torch  # noqa: F401
 
-
 from .backend import register  # noqa: E402
-from .core.errors import NeuronRuntimeError, PoisonedTensorError  # noqa: E402
 from .core.counters import COUNTERS  # noqa: E402
+from .core.errors import NeuronRuntimeError, PoisonedTensorError  # noqa: E402
 from .hardware.execution_queue import QUEUE  # noqa: E402
 from .hardware.sink import synchronize  # noqa: E402
 

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import torch
 
-from .ops import rng as _random
 from .core.config import CONFIG
+from .core.reasons import Flush
 from .hardware.cost_model import PROFILE
+from .hardware.sink import synchronize as _synchronize
+from .hardware.streams import Event, Stream, current_stream, default_stream, set_stream, stream  # noqa: F401
 from .memory.indices import COUNT, current_index, exchange_index, index_of
 from .memory.legacy_storage import CLASSES as _LEGACY_STORAGES
-from .core.reasons import Flush
 from .memory.storage import MEMORY, release_freed_memory
-from .hardware.streams import Event, Stream, current_stream, default_stream, set_stream, stream  # noqa: F401
-from .hardware.sink import synchronize as _synchronize
+from .ops import rng as _random
 
 # -- device ------------------------------------------------------------------------------
 

@@ -40,8 +40,8 @@ import typing
 import torch
 
 from ..core.config import CONFIG
-from .op_record import resolve
 from ..memory.storage import DeviceStorage, ViewRef
+from .op_record import resolve
 
 LOG = logging.getLogger("adaptive_eager.fusion")
 ENABLED = CONFIG.build_kernels

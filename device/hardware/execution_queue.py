@@ -47,8 +47,8 @@ import time
 import torch
 
 from ..core.config import CONFIG, parse_fault_spec
-from ..core.errors import FailureState, KernelFailure, NeuronRuntimeError
 from ..core.counters import COUNTERS
+from ..core.errors import FailureState, KernelFailure, NeuronRuntimeError
 from ..memory.storage import keep_freed_memory
 
 HOST_LOCK = threading.RLock()

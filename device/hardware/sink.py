@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from ..core.config import CONFIG
 from ..core.counters import COUNTERS
-from .execution_queue import HOST_LOCK, QUEUE
 from ..core.reasons import Flush
+from .execution_queue import HOST_LOCK, QUEUE
 
 
 class StrictSink:

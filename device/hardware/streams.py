@@ -26,11 +26,11 @@ import itertools
 
 import torch
 
-from . import sink
-from ..memory.indices import current_index, exchange_index, index_of
 from ..core.counters import COUNTERS
-from .execution_queue import HOST_LOCK, QUEUE, Fence
 from ..core.reasons import Flush
+from ..memory.indices import current_index, exchange_index, index_of
+from . import sink
+from .execution_queue import HOST_LOCK, QUEUE, Fence
 
 _DEVICE_TYPE = torch._C._autograd.DeviceType.PrivateUse1
 _ids = itertools.count(1)

@@ -149,7 +149,6 @@ def start() -> TraceRecorder:
 def stop(path: str | None = None) -> dict:
     """Stop recording; return the trace, and write it to ``path`` if given."""
     from .execution_queue import QUEUE
-
     from .sink import flush
 
     flush(Flush.TRACE)

@@ -36,15 +36,15 @@ from __future__ import annotations
 
 import torch
 
+from ..core.counters import COUNTERS
+from ..core.errors import users_error
+from ..core.reasons import Flush
 from ..hardware import sink
 from ..hardware.cost_model import PROFILE
-from .host_ops import host_call_args, upload_result
-from ..core.counters import COUNTERS
 from ..hardware.execution_queue import QUEUE
-from ..core.reasons import Flush
 from ..hardware.streams import STATE as _STREAMS
-from ..core.errors import users_error
 from ..memory.tensor import describe
+from .host_ops import host_call_args, upload_result
 
 # An all-reduce crosses the ring twice (reduce-scatter, then all-gather); every other
 # collective once.

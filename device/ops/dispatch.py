@@ -18,16 +18,28 @@ from __future__ import annotations
 
 import torch
 
+from ..core.errors import users_error
+from ..core.reasons import Flush
+from ..memory.indices import check_ordinal
+from ..memory.tensor import describe
 from . import recorder
 from .collectives import run_collective
-from ..core.errors import users_error
 from .host_ops import run_on_host
 from .index_checks import INDEXING, has_mask, refuse_device_indices_of_a_host_tensor
-from ..memory.indices import check_ordinal
-from .op_table import (COLLECTIVE, COPY, DATA_DEPENDENT, DECOMPOSE, HOST_READ, KERNEL, LIKE, LIKE_FILLS, METADATA,
-                       NO_OP, VIEW, op_entry)
-from ..core.reasons import Flush
-from ..memory.tensor import describe
+from .op_table import (
+    COLLECTIVE,
+    COPY,
+    DATA_DEPENDENT,
+    DECOMPOSE,
+    HOST_READ,
+    KERNEL,
+    LIKE,
+    LIKE_FILLS,
+    METADATA,
+    NO_OP,
+    VIEW,
+    op_entry,
+)
 from .views import run_metadata, run_view
 
 aten = torch.ops.aten

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import torch
 
-from ..hardware import sink
 from ..core.config import CONFIG
-from ..hardware.cost_model import PROFILE
-from ..core.errors import poisoned_read_error, users_error
 from ..core.counters import COUNTERS
-from ..hardware.execution_queue import QUEUE
-from .rng import GENERATOR, device_generator_as_default, generator_twin
+from ..core.errors import poisoned_read_error, users_error
 from ..core.reasons import Flush
-from ..memory.storage import DeviceStorage, storage_nbytes
+from ..hardware import sink
+from ..hardware.cost_model import PROFILE
+from ..hardware.execution_queue import QUEUE
 from ..hardware.streams import STATE as _STREAMS
+from ..memory.storage import DeviceStorage, storage_nbytes
 from ..memory.tensor import cpu_view, describe, device_tensor, storage_of
+from .rng import GENERATOR, device_generator_as_default, generator_twin
 from .views import set_metadata
 
 aten = torch.ops.aten

@@ -23,8 +23,8 @@ from __future__ import annotations
 import warnings
 
 import torch
-from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._pytree import tree_leaves, tree_map
 
 from .. import _C as _native
 from ..memory.tensor import offset_of, storage_of

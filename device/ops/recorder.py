@@ -19,23 +19,23 @@ from time import perf_counter
 
 import torch
 
-from ..hardware import sink
-from ..memory.indices import check_ordinal, current_index
-from .device_guard import DeviceMismatchError, mismatch
-from ..hardware.op_record import OpRecord
-from . import overlap
-from ..core.location import capture_location, warn_at_user_line
 from ..core.counters import COUNTERS
-from ..hardware.execution_queue import QUEUE
-from .rng import GENERATOR, generator_twin
+from ..core.location import capture_location, warn_at_user_line
 from ..core.reasons import Flush
-from .shapes import NO_META, RESIZED_WARNING, SHAPE_CACHE, SHAPE_CACHE_SIZE, MetaRejected, infer
-from ..memory.storage import DeviceStorage, storage_nbytes
+from ..hardware import sink
+from ..hardware.execution_queue import QUEUE
+from ..hardware.op_record import OpRecord
 from ..hardware.streams import STATE as _STREAMS
+from ..memory.indices import check_ordinal, current_index
+from ..memory.storage import DeviceStorage, storage_nbytes
 from ..memory.tensor import describe, device_tensor, reference, storage_of
-from .views import set_metadata
+from . import overlap
+from .device_guard import DeviceMismatchError, mismatch
 from .host_ops import run_on_host, run_random_on_host_with_device_generator
 from .index_checks import INDEXING, NeedsTheData, refuse_device_indices_of_a_host_tensor
+from .rng import GENERATOR, generator_twin
+from .shapes import NO_META, RESIZED_WARNING, SHAPE_CACHE, SHAPE_CACHE_SIZE, MetaRejected, infer
+from .views import set_metadata
 
 aten = torch.ops.aten
 CPU = torch.device("cpu")

@@ -24,10 +24,10 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import _C as _native
 from ..hardware import cost_model
+from ..memory.storage import storage_nbytes
 from .cpu_warnings import RESIZED_WARNING, CpuWarned, warnings_of_call
 from .index_checks import NeedsTheData
 from .meta_overrides import META_OVERRIDES, probe_on_cpu, to_meta
-from ..memory.storage import storage_nbytes
 
 # An OrderedDict used as an LRU by the dispatcher (``get``, ``move_to_end``, ``popitem``:
 # all C calls). A cachetools LRUCache costs three Python frames per hit, on every op.

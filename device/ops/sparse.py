@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import torch
 
-from ..hardware import sink
 from ..core.config import CONFIG
 from ..core.counters import COUNTERS
 from ..core.errors import poisoned_read_error, user_facing, users_error
+from ..core.reasons import Flush
+from ..hardware import sink
 from ..hardware.execution_queue import HOST_LOCK
+from ..memory.tensor import cpu_view, storage_of
 from .host_ops import host_call_args, upload_result
 from .op_table import HOST_READ, op_entry, overload_named
-from ..core.reasons import Flush
-from ..memory.tensor import cpu_view, storage_of
 
 aten = torch.ops.aten
 CPU = torch.device("cpu")

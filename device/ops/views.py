@@ -13,10 +13,10 @@ from __future__ import annotations
 import torch
 
 from .. import _C as _native
-from ..hardware import sink
-from ..core.errors import users_error
 from ..core.counters import COUNTERS
+from ..core.errors import users_error
 from ..core.reasons import Flush
+from ..hardware import sink
 from ..memory.storage import storage_nbytes
 from ..memory.tensor import storage_of
 

@@ -86,7 +86,6 @@ if _providers:
     _step_aside(_providers)
 else:
     import torch
-
     from adaptive_eager_device import register as _register
 
     _register()  # what importing TorchNeuron does: the device is there afterwards
