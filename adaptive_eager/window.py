@@ -34,9 +34,11 @@ from __future__ import annotations
 import logging
 
 from adaptive_eager_device.core.config import CONFIG
-from adaptive_eager_device.hardware.execution_queue import QUEUE
-from adaptive_eager_device.hardware.fused_kernel import WindowLaunches, checks_pass
 from adaptive_eager_device.core.reasons import Flush
+from adaptive_eager_device.hardware.execution_queue import QUEUE
+from adaptive_eager_device.hardware.fused_kernel import WindowLaunches
+from adaptive_eager_device.hardware.plan import library_kernels_off
+
 from .fusion.caches import CountingLRU
 from .fusion.categories import BARRIER, FOREACH, category
 from .fusion.kernels import KernelCache
@@ -198,15 +200,16 @@ class AdaptiveSink:
         host needs from them is read first."""
         stream = records[0].stream  # one window, one stream (a stream change flushes)
         totals = plan.totals
+        off = library_kernels_off(plan, records) if plan.library else frozenset()
         if totals[0]:
             FUSION.fused_kernels += totals[0]
             FUSION.ops_fused += totals[1]
             FUSION.bytes_saved += totals[2]
             FUSION.dead_intermediates += totals[3]
-            for name, ops, checks in totals[4]:  # a launch whose constants differ runs the ops
-                if not checks or checks_pass(checks, records):
+            for launch, index, name, ops, _ in plan.library:  # one whose constants differ runs the ops
+                if (launch, index) not in off:
                     FUSION.pattern(name, ops)
-        command_list = WindowLaunches(plan.launches, records, stream)
+        command_list = WindowLaunches(plan.launches, records, stream, off)
         if not QUEUE.observing:
             QUEUE.launch_batch(command_list, plan.costs, stream)
         else:  # the trace and the profiler see every kernel on its own

@@ -27,7 +27,6 @@ import math
 from typing import List, Optional
 
 import torch
-
 from adaptive_eager_device.memory.storage import DeviceStorage, ViewRef
 
 from .matching import Context, Match

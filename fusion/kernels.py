@@ -1,13 +1,11 @@
 """Fused kernels as the planner describes them: what a group of ops is, and what it costs.
 
 Entry points: :func:`group_spec` (a planned group, with its window's ``WindowGraph``,
--> :class:`GroupSpec`), :class:`KernelSpec` (the cacheable, position-free description of
-a fused kernel) and :class:`KernelCache` (an LRU of specs by signature).
+-> ``GroupSpec``) and :class:`KernelCache` (an LRU of ``KernelSpec`` by signature).
 
-This is plan data, immutable once built: the device executes it
-(``adaptive_eager_device.hardware.fused_kernel``: ``WindowLaunches``, ``FusedKernel``) and keeps
-what its launches change (launch counts, built kernels) in a table of its own, never on
-the spec.
+``GroupSpec`` and ``KernelSpec`` are the plan format's (``device/hardware/plan.py``):
+immutable once built; the device executes them and keeps what its launches change
+(launch counts, built kernels) in a table of its own, never on the spec.
 
 A fused kernel runs its ops back to back, in program order, keeping its *dead
 intermediates* in registers instead of device memory: an output produced and consumed
@@ -19,6 +17,7 @@ from __future__ import annotations
 
 from adaptive_eager_device.hardware.cost_model import PROFILE
 from adaptive_eager_device.hardware.fused_kernel import built_counts
+from adaptive_eager_device.hardware.plan import GroupSpec, KernelSpec
 
 from .caches import CountingLRU
 
@@ -26,40 +25,6 @@ from .caches import CountingLRU
 def short_name(record) -> str:
     name = record.name
     return name[6:] if name.startswith("aten::") else name
-
-
-class KernelSpec:
-    """A fused kernel, independent of where its ops sit in a window. Plan data: nothing
-    changes it once built (the device's table of launch state holds it weakly)."""
-
-    __slots__ = ("signature", "name", "dead", "dead_at", "last_uses", "bytes", "time_us", "bytes_saved", "ops",
-                 "patterns", "__weakref__")
-
-    def __init__(self, signature, name, dead, nbytes, time_us, bytes_saved, ops, patterns=(), last_uses=()) -> None:
-        self.signature = signature
-        self.name = name  # "mul|add|relu"
-        self.dead = dead  # frozenset of (member offset, result position) kept in registers
-        # per member offset: the result positions of that op kept in registers (or None)
-        self.dead_at = tuple(frozenset(p for o, p in dead if o == offset) or None for offset in range(ops))
-        # per member offset: the dead values (producer offset, result position) it reads
-        # last, released from the kernel's registers once it has run
-        self.last_uses = last_uses
-        self.bytes = nbytes
-        self.time_us = time_us
-        self.bytes_saved = bytes_saved
-        self.ops = ops
-        # patterns.PatternSpec: chains inside the kernel that run as one library kernel each
-        self.patterns = patterns
-
-
-class GroupSpec:
-    """A planned group: window positions, plus its kernel when it fuses several ops."""
-
-    __slots__ = ("members", "kernel")
-
-    def __init__(self, members: tuple, kernel: KernelSpec | None) -> None:
-        self.members = members
-        self.kernel = kernel  # None: a single op, launched as in strict eager
 
 
 class KernelCache(CountingLRU):

@@ -4,36 +4,13 @@ form that asks it is in ``fusion/pattern_form.py``.
 
 Entry points: :class:`Context` (a window's data flow for matchers, read from its
 ``WindowGraph``), :class:`Match` (a matched chain by window positions),
-:class:`PatternSpec` (the same chain by offsets inside its fused kernel) and
-:func:`checks_pass` (are a match's constants still there; the device's,
-``adaptive_eager_device.hardware.fused_kernel``, which checks them at every launch).
+and its ``spec``: the same chain by offsets inside its fused kernel, a ``PatternSpec`` of
+the plan format (``device/hardware/plan.py``).
 """
 from __future__ import annotations
 
-from adaptive_eager_device.hardware.fused_kernel import checks_pass  # noqa: F401 - the device checks them at every launch
+from adaptive_eager_device.hardware.plan import PatternSpec
 from adaptive_eager_device.memory.storage import DeviceStorage, ViewRef
-
-
-class PatternSpec:
-    """A matched chain inside a fused kernel, by offsets within the kernel's members."""
-
-    __slots__ = ("name", "impl", "members", "root", "inputs", "outputs", "checks", "constants", "charges")
-
-    def __init__(self, name, impl, members, inputs, outputs, checks, constants, charges=()) -> None:
-        self.name = name
-        # (*input tensors, **constants) -> [output tensors]; TorchScript-able, so that a
-        # built kernel (device/hardware/built_kernel.py) can call it
-        self.impl = impl
-        self.members = members  # offsets of the chain's ops, in program order
-        self.root = members[-1]  # where the library kernel runs: the chain's last op
-        self.inputs = inputs  # ((offset, arg index), ...) of the input references
-        self.outputs = outputs  # ((offset, result index), ...) the kernel writes
-        self.checks = checks  # ((offset, arg index, value), ...) re-checked at launch
-        self.constants = constants  # keyword arguments of impl
-        # ((offset, result index or ~argument index, bytes), ...): outputs it does not
-        # write whole, inputs it does not read whole, and the bytes it moves instead
-        # (fusion/kernels.py counts those)
-        self.charges = charges
 
 
 class Match:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from .matching import Match, dims_of, same_ref
 
-
 _NODES = "nodes"  # ``bound`` key: the matched (Op node, position) pairs, in matching order
 _KW_DEFAULTS = {"alpha": 1}  # a keyword absent from a record has ATen's default
 

@@ -43,12 +43,12 @@ import math
 from typing import List, Optional
 
 import torch
-
 from adaptive_eager_device.core.reasons import Refused
+from adaptive_eager_device.hardware.plan import constants_hold
 from adaptive_eager_device.memory.storage import DeviceStorage, ViewRef
 
 from .flash import ATTENTION, ATTENTION_BACKWARD, CROSS_ENTROPY
-from .matching import Context, checks_pass
+from .matching import Context
 from .pattern_form import ANY, Alt, Arg, Dim, Op, Pattern, Same, Seq
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -300,7 +300,7 @@ def find_patterns(graph) -> tuple[list, dict]:
                 continue
             if ctx.claimed.intersection(found.members):
                 continue
-            if found.checks and not checks_pass(found.checks, records):
+            if found.checks and not constants_hold(found.checks, records):
                 reason = Refused.PATTERN.of(f"{name}, other constants")
                 refusals[reason] = refusals.get(reason, 0) + 1
                 continue

@@ -37,19 +37,18 @@ Every refusal has a reason, counted in the statistics and logged at DEBUG to
 """
 from __future__ import annotations
 
-import math
-
 import logging
+import math
 
 import networkx as nx
 import torch
-
-from adaptive_eager_device.hardware.execution_queue import BatchCost
 from adaptive_eager_device.core.reasons import Refused
+from adaptive_eager_device.hardware.plan import Plan
 
 from .categories import BARRIER, FOREACH, MATMUL, OPAQUE, REDUCTION, category
 from .kernels import group_spec
-from .patterns import KINDS as LIBRARY_KINDS, find_patterns
+from .patterns import KINDS as LIBRARY_KINDS
+from .patterns import find_patterns
 from .rules import loop_rules
 from .window_graph import WindowGraph, would_create_cycle
 
@@ -184,48 +183,6 @@ def score(producer_index: int, consumer_index: int, records) -> int:
 def group_key(members, records) -> tuple:
     """What identifies a group's kernel: its ops' signatures in order."""
     return tuple(records[index].signature for index in members)
-
-
-class Plan:
-    """The groups of a window in launch order; ``refusals`` counts the reasons given.
-
-    ``launches`` is what a flush walks: ``(position, None)`` for an op launched alone,
-    ``(positions, KernelSpec)`` for a fused kernel; ``costs`` are their launch costs,
-    summed once for the queue (``BatchCost``); ``totals`` are the fused kernels' (count,
-    ops, bytes saved, dead intermediates), counted once per flush. A plan is reused for
-    every window of the same structure, whose ops have the same signatures and so the
-    same costs.
-    """
-
-    __slots__ = ("groups", "refusals", "launches", "costs", "totals")
-
-    def __init__(self, groups: list, refusals: dict, records) -> None:
-        self.groups = groups  # [GroupSpec] in launch order
-        self.refusals = refusals
-        self.launches = tuple(
-            (group.members[0], None) if group.kernel is None else (group.members, group.kernel) for group in groups
-        )
-        each = []
-        for members, spec in self.launches:
-            if spec is None:
-                record = records[members]
-                each.append((record.op, record.cost.bytes, record.cost.time_us, 1))
-            else:
-                each.append((spec.name, spec.bytes, spec.time_us, spec.ops))
-        self.costs = BatchCost(each)
-        fused = [group.kernel for group in groups if group.kernel is not None]
-        self.totals = (
-            len(fused),
-            sum(spec.ops for spec in fused),
-            sum(spec.bytes_saved for spec in fused),
-            sum(len(spec.dead) for spec in fused),
-            # per library kernel: its name, its ops, and its constant checks by window position
-            tuple(
-                (pattern.name, len(pattern.members), tuple((members[o], a, v) for o, a, v in pattern.checks))
-                for members, spec in self.launches if spec is not None
-                for pattern in spec.patterns
-            ),
-        )
 
 
 def _chain_shape(members, window: WindowGraph) -> tuple:

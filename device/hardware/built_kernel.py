@@ -179,7 +179,7 @@ class _Writer:
                 for offset, index in pattern.inputs]
         for keyword, value in pattern.constants.items():
             if type(value) is float:
-                call.append(f"{keyword}={value!r}")  # checked at every launch (fused_kernel.checks_pass)
+                call.append(f"{keyword}={value!r}")  # checked once per launch at hand-over (plan.library_kernels_off)
             else:
                 call.append(f"{keyword}={self.expression(value, None)}")
         self.lines.append(f"l{pattern.root} = {name}({', '.join(call)})")

@@ -90,26 +90,6 @@ class FaultInjector:
             raise RuntimeError(f"injected fault: {op_name} kernel #{count} failed (NEURON_SIM_FAULT)")
 
 
-class BatchCost:
-    """The costs of kernels launched together (``ExecutionQueue.launch_batch``), summed
-    once: ``each`` is ``(key, bytes, time_us, ops)`` per kernel in launch order."""
-
-    __slots__ = ("each", "nbytes", "time_us", "ops", "by_key")
-
-    def __init__(self, each) -> None:
-        self.each = tuple(each)
-        self.nbytes = sum(item[1] for item in self.each)
-        self.time_us = sum(item[2] for item in self.each)
-        self.ops = sum(item[3] for item in self.each)
-        by_key: dict = {}
-        for key, nbytes, time_us, _ in self.each:
-            totals = by_key.setdefault(key, [0, 0.0, 0])
-            totals[0] += 1
-            totals[1] += time_us
-            totals[2] += nbytes
-        self.by_key = tuple((key, *totals) for key, totals in by_key.items())
-
-
 class ExecutionQueue:
     def __init__(self) -> None:
         self._items: _queue.SimpleQueue = _queue.SimpleQueue()
@@ -180,11 +160,12 @@ class ExecutionQueue:
             self.trace_recorder.kernel(kernel, key, start, time_us, stream, sequence)
         return sequence
 
-    def launch_batch(self, kernels, costs: "BatchCost", stream: int) -> None:
-        """Submit kernels issued together (one flush of an adaptive window; ``costs``
-        lists theirs in order) and account for them in bulk: the same counters and
-        timeline as ``launch`` per kernel, at a fraction of the host time. Issued at one
-        simulated instant, they run back to back from ``max(device free, host)``.
+    def launch_batch(self, kernels, costs, stream: int) -> None:
+        """Submit kernels issued together (one flush of an adaptive window; ``costs``: the
+        plan's ``LaunchCosts``, theirs in order) and account for them in bulk: the same
+        counters and timeline as ``launch`` per kernel, at a fraction of the host time.
+        Issued at one simulated instant, they run back to back from
+        ``max(device free, host)``.
 
         ``kernels`` is a list of queue items, one per kernel, or one item (a command
         list) that runs them all; the trace needs the list, to give each its own slot."""
@@ -192,26 +173,8 @@ class ExecutionQueue:
             for kernel, (key, nbytes, time_us, ops) in zip(kernels, costs.each):
                 self.launch(kernel, key, nbytes, time_us, stream, ops)
             return
-        counters = COUNTERS
         count = len(costs.each)
-        counters.kernels_launched += count
-        counters.bytes_moved += costs.nbytes
-        counters.device_time_us += costs.time_us
-        self.clock_us += costs.time_us
-        device_free = self.device_free_us
-        begin = device_free if device_free > self.host_us else self.host_us
-        self.device_free_us = begin + costs.time_us
-        kernel_totals = self.kernel_totals
-        for key, launches, time_us, nbytes in costs.by_key:
-            totals = kernel_totals.get(key)
-            if totals is None:
-                kernel_totals[key] = [launches, time_us, nbytes]
-            else:
-                totals[0] += launches
-                totals[1] += time_us
-                totals[2] += nbytes
-        by_stream = counters.launches_by_stream
-        by_stream[stream] = by_stream.get(stream, 0) + count
+        self._account(count, costs.nbytes, costs.time_us, costs.by_key, stream)
         if type(kernels) is list:
             self.submitted += count
             self._batch.extend(kernels)
@@ -226,26 +189,34 @@ class ExecutionQueue:
 
     def account(self, key, nbytes: int, time_us: float, stream: int) -> float:
         """Count one launch (``key``: its op or fused kernel name) and return its simulated
-        start on the timeline. The simulated clocks advance here, at submission: with one
-        in-order queue, a kernel starts when both the one before it has ended and the
-        simulated host has issued it, so its slot is known when it is issued."""
+        start on the timeline."""
+        return self._account(1, nbytes, time_us, ((key, 1, time_us, nbytes),), stream)
+
+    def _account(self, count: int, nbytes: int, time_us: float, by_key, stream: int) -> float:
+        """Count ``count`` launches issued together (``by_key``: ``(key, launches, time_us,
+        bytes)`` per op or kernel name) and return the first one's simulated start. The
+        simulated clocks advance here, at submission: with one in-order queue, a kernel
+        starts when both the one before it has ended and the simulated host has issued
+        it, so its slot is known when it is issued."""
         counters = COUNTERS
-        counters.kernels_launched += 1
+        counters.kernels_launched += count
         counters.bytes_moved += nbytes
         counters.device_time_us += time_us
         self.clock_us += time_us
         device_free = self.device_free_us
         begin = device_free if device_free > self.host_us else self.host_us
         self.device_free_us = begin + time_us
-        totals = self.kernel_totals.get(key)
-        if totals is None:
-            self.kernel_totals[key] = [1, time_us, nbytes]
-        else:
-            totals[0] += 1
-            totals[1] += time_us
-            totals[2] += nbytes
+        kernel_totals = self.kernel_totals
+        for key, launches, key_us, key_bytes in by_key:
+            totals = kernel_totals.get(key)
+            if totals is None:
+                kernel_totals[key] = [launches, key_us, key_bytes]
+            else:
+                totals[0] += launches
+                totals[1] += key_us
+                totals[2] += key_bytes
         by_stream = counters.launches_by_stream
-        by_stream[stream] = by_stream.get(stream, 0) + 1
+        by_stream[stream] = by_stream.get(stream, 0) + count
         return begin
 
     def depth(self) -> int:

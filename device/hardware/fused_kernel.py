@@ -1,17 +1,15 @@
 """Fused kernels on the device worker: a planned window's launches, run as one command list.
 
 Entry points: :class:`WindowLaunches` (a flushed window's launches, one queue item),
-:class:`FusedKernel` (one launch that runs several recorded ops), :func:`checks_pass`
-(are a library kernel's constants in this launch's records) and :func:`built_counts`
+:class:`FusedKernel` (one launch that runs several recorded ops) and :func:`built_counts`
 (how many of a kernel cache's kernels are built, and how many stay op by op).
 
-The device executes a plan it is handed as data and never plans: the planner
-(``adaptive_eager.fusion``) describes each fused kernel by an immutable ``KernelSpec``
-(``fusion/kernels.py``), and this module reads only its fields: ``name``,
-``signature``, ``dead`` and ``dead_at`` (results kept in registers), ``last_uses``
-(registers freed after each op) and ``patterns`` (matched chains, ``PatternSpec``:
-``impl``, ``members``, ``root``, ``inputs``, ``outputs``, ``checks``, ``constants``). It
-imports nothing of the planner, so ``adaptive_eager_device`` still imports alone.
+The device executes a plan it is handed as data and never plans: the plan format is
+``plan.py`` (``Plan``, ``KernelSpec``, ``PatternSpec``), which the planner
+(``adaptive_eager.fusion``) builds; this module imports nothing of the planner, so
+``adaptive_eager_device`` still imports alone. A window comes with the library kernels
+its constants turn off for this launch (``plan.library_kernels_off``, checked once on the
+host at hand-over): those chains run op by op, and the kernel is not built from them.
 
 A fused kernel runs its ops back to back on the device worker, in program order, keeping
 its *dead intermediates* in an environment instead of device memory: an output produced
@@ -32,7 +30,6 @@ flush (``take_failed_kernels``): the runtime marks the chain unfusable.
 from __future__ import annotations
 
 import logging
-import math
 import weakref
 
 import torch
@@ -41,17 +38,6 @@ from . import built_kernel
 from .op_record import in_layout, resolve, run_record
 
 LOG = logging.getLogger("adaptive_eager.fusion")
-
-
-def checks_pass(checks, records) -> bool:
-    """Do the records hold the constants a match depends on? ``checks`` are
-    ``(record index, arg index, value)``."""
-    for offset, index, value in checks:
-        args = records[offset].args
-        actual = args[index] if index < len(args) else None
-        if not isinstance(actual, (int, float)) or not math.isclose(actual, value, rel_tol=1e-12, abs_tol=0.0):
-            return False
-    return True
 
 
 class KernelState:
@@ -86,19 +72,26 @@ class WindowLaunches:
     and the device worker builds the fused kernels and runs them in order. ``launches`` is
     ``Plan.launches``: ``(position, None)`` for an op alone, ``(positions, KernelSpec)``."""
 
-    __slots__ = ("launches", "records", "stream")
+    __slots__ = ("launches", "records", "stream", "off")
 
-    def __init__(self, launches, records, stream: int) -> None:
+    def __init__(self, launches, records, stream: int, off=frozenset()) -> None:
         self.launches = launches
         self.records = records
         self.stream = stream
+        self.off = off  # {(launch index, pattern index)}: library kernels off in this window
+
+    def _fused(self, launch: int, members, spec) -> "FusedKernel":
+        records = self.records
+        off = self.off
+        patterns_off = frozenset(index for index in range(len(spec.patterns)) if (launch, index) in off) if off else off
+        return FusedKernel([records[index] for index in members], spec, self.stream, patterns_off)
 
     def kernels(self) -> list:
         """One queue item per launch (the trace and the profiler give each its own slot)."""
         records = self.records
         return [
-            records[members] if spec is None else FusedKernel([records[index] for index in members], spec, self.stream)
-            for members, spec in self.launches
+            records[members] if spec is None else self._fused(launch, members, spec)
+            for launch, (members, spec) in enumerate(self.launches)
         ]
 
     def execute(self, queue) -> None:
@@ -106,13 +99,12 @@ class WindowLaunches:
         # a buffer no later kernel reads is freed now, and its memory is reused by the
         # next allocation instead of the window's footprint growing to its sum.
         records = self.records
-        stream = self.stream
-        for members, spec in self.launches:
+        for launch, (members, spec) in enumerate(self.launches):
             if spec is None:
                 kernel = records[members]
                 records[members] = None
             else:
-                kernel = FusedKernel([records[index] for index in members], spec, stream)
+                kernel = self._fused(launch, members, spec)
                 for index in members:
                     records[index] = None
             kernel.execute(queue)
@@ -122,12 +114,13 @@ class WindowLaunches:
 class FusedKernel:
     """One launch that runs several recorded ops (see module docstring)."""
 
-    __slots__ = ("records", "spec", "stream")
+    __slots__ = ("records", "spec", "stream", "off")
 
-    def __init__(self, records, spec, stream: int) -> None:
+    def __init__(self, records, spec, stream: int, off=frozenset()) -> None:
         self.records = records
         self.spec = spec
         self.stream = stream
+        self.off = off  # indices of spec.patterns whose constants differ in this launch
 
     @property
     def name(self) -> str:
@@ -153,9 +146,8 @@ class FusedKernel:
 
     def _run_ops(self, queue, library: bool = True) -> bool:
         """Run the ops in program order, dead intermediates in ``env``; each matched chain
-        as its library kernel at its last op (``library``), unless a constant it depends
-        on differs in this launch. True if an op failed (the queue then has the kernel's
-        signature)."""
+        as its library kernel at its last op (``library``), unless it is off in this
+        launch. True if an op failed (the queue then has the kernel's signature)."""
         env: dict = {}
         spec = self.spec
         last_uses = spec.last_uses
@@ -164,8 +156,9 @@ class FusedKernel:
         at_root: dict = {}
         skipped: set = set()
         if library:
-            for pattern in spec.patterns:
-                if not pattern.checks or checks_pass(pattern.checks, records):
+            off = self.off
+            for index, pattern in enumerate(spec.patterns):
+                if index not in off:
                     at_root[pattern.root] = pattern
                     skipped.update(pattern.members[:-1])
         failed = False
@@ -208,10 +201,9 @@ class FusedKernel:
     def _run_built(self, built) -> bool:
         """The built kernel: one call. False (run op by op instead, which names the op
         that fails) when it raises; it writes nothing in place, so replaying is safe."""
+        if self.off:  # a library kernel it was built with is off in this launch
+            return False
         records = self.records
-        for pattern in self.spec.patterns:  # its library kernels' constants, as matched?
-            if pattern.checks and not checks_pass(pattern.checks, records):
-                return False
         try:
             values = built.run(records)
             for (offset, position), value in zip(built.outputs, values):
@@ -224,7 +216,7 @@ class FusedKernel:
         """Build the hot kernel, run it beside the op-by-op run of this same launch, and
         keep it only if its outputs are bit-identical (``device/hardware/built_kernel.py``)."""
         spec = self.spec
-        if any(pattern.checks and not checks_pass(pattern.checks, self.records) for pattern in spec.patterns):
+        if self.off:
             self._run_ops(queue)  # its library kernels' constants differ this time: build later
             return
         built = built_kernel.build(self.records, spec)

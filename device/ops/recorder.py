@@ -76,6 +76,18 @@ def _host_tensor(entry, tensor, parts):
     return snapshot
 
 
+def _device_argument(value, described, parts, reads):
+    """Record one neuron tensor argument (``described``: its ``describe``): its signature
+    into ``parts``, its storage into ``reads``; returns its reference, the storage itself
+    when the tensor covers it exactly (else a ``ViewRef`` or ``ReinterpretRef``)."""
+    signature, storage, covers = described
+    if storage is None:
+        storage = storage_of(value)
+    parts.append(signature)
+    reads.append(storage)
+    return storage if covers else reference(value, signature, storage, covers)
+
+
 def _convert(entry, value, parts, reads):
     """Record one argument that is not a neuron tensor: returns its reference, extends the
     parts."""
@@ -86,12 +98,7 @@ def _convert(entry, value, parts, reads):
         for item in value:
             described = describe(item)
             if described is not None:
-                signature, storage, covers = described
-                if storage is None:
-                    storage = storage_of(item)
-                sub.append(signature)
-                reads.append(storage)
-                refs.append(storage if covers else reference(item, signature, storage, covers))
+                refs.append(_device_argument(item, described, sub, reads))
             else:
                 refs.append(_convert(entry, item, sub, reads))
         parts.append(tuple(sub))
@@ -142,16 +149,9 @@ def _record_call(entry, args, kwargs):
     for value in args:
         described = describe(value)
         if described is not None:
-            tensor_signature, storage, covers = described
-            if storage is None:
-                storage = storage_of(value)
-            parts.append(tensor_signature)
-            reads.append(storage)
-            if covers:
-                refs.append(storage)
-            else:
-                nested = True
-                refs.append(reference(value, tensor_signature, storage, covers))
+            ref = _device_argument(value, described, parts, reads)
+            nested = nested or not described[2]  # a view's reference resolves with as_strided
+            refs.append(ref)
         else:
             if not refs and entry.op in INDEXING:  # a host tensor indexed
                 refuse_device_indices_of_a_host_tensor(entry, value)
@@ -164,16 +164,8 @@ def _record_call(entry, args, kwargs):
             parts.append(name)
             described = describe(value)
             if described is not None:
-                tensor_signature, storage, covers = described
-                if storage is None:
-                    storage = storage_of(value)
-                parts.append(tensor_signature)
-                reads.append(storage)
-                if covers:
-                    kwrefs[name] = storage
-                else:
-                    nested = True
-                    kwrefs[name] = reference(value, tensor_signature, storage, covers)
+                kwrefs[name] = _device_argument(value, described, parts, reads)
+                nested = nested or not described[2]
             else:
                 if type(value) is list or type(value) is tuple:
                     nested = True
