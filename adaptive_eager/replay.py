@@ -44,6 +44,7 @@ from adaptive_eager_device.hardware.streams import STATE as _STREAMS
 from adaptive_eager_device.memory.tensor import describe, device_tensor, storage_of
 
 from .replay_records import NotReplayable, RecordTemplate, Slot
+from .window import structure_key
 
 _SCALARS = (int, float, bool, type(None))
 
@@ -197,38 +198,21 @@ class Template:
         self.total = sum(layout[3] for layout in layouts)
 
     def _plan_structure(self) -> None:
-        """The window's plan-cache key (``AdaptiveSink._structure``) as far as every call
-        shares it: storages numbered in order of first appearance (the slots' aliasing is
-        fixed by the input signature), and the escape bits of the storages a call makes (an
-        output's is referenced, another's is not). Only a write to an input or a constant
-        depends on the call (is that storage still referenced?): ``written`` lists those
-        entries, which ``structure`` fills in."""
-        local: dict = {}
-        parts: list = []
-        written = []
-        for template in self.records:
-            reads, writes, results = template.numbers
-            parts.append(-template.signature_id)
-            for n in reads:
-                if n not in local:
-                    local[n] = len(local)
-                parts.append(local[n])
-            for n in writes:
-                if n not in local:
-                    local[n] = len(local)
-                slot = self.slots[n]
-                if type(slot) is _Fresh:
-                    parts.append(local[n] if slot.escapes else ~local[n])  # dead writes are not written back
-                else:
-                    written.append((len(parts), n))
-                    parts.append(local[n])
-            for n in results:
-                if n == -1:
-                    parts.append(None)
-                else:
-                    local[n] = number = len(local)
-                    parts.append(~number if self.slots[n].escapes else number)
-        self.skeleton, self.written = parts, tuple(written)
+        """The window's plan-cache key (``window.structure_key``) as far as every call
+        shares it: the slots' aliasing is fixed by the input signature, and so is whether
+        a storage the call makes escapes (an output's is referenced, another's is not).
+        Only a write to an input or a constant depends on the call (is that storage still
+        referenced?): ``written`` lists those entries, which ``structure`` fills in."""
+        slots = self.slots
+
+        def referenced(n):
+            slot = slots[n]
+            return slot.escapes if type(slot) is _Fresh else None
+
+        ops = [(template.signature_id, reads, writes, [None if n == -1 else n for n in results])
+               for template in self.records for reads, writes, results in (template.numbers,)]
+        self.skeleton, self.written = structure_key(ops, referenced)
+        self.written = tuple(self.written)
 
     def structure(self, table) -> tuple:
         """This call's plan-cache key: ``AdaptiveSink._structure`` of its records."""

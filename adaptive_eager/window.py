@@ -61,6 +61,53 @@ class WindowPolicy:
         self.on_chip_bytes = CONFIG.on_chip_bytes
 
 
+def structure_key(ops, referenced=None) -> tuple:
+    """A window's plan-cache key, flat: ``(parts, later)``.
+
+    ``ops``: per op, ``(signature number, storages read, written, produced)`` (a produced
+    storage None where an op makes no tensor). Per op, the key holds its signature's number
+    (negated), then the local number of each storage it reads, writes and produces (data
+    flow and aliasing; numbers in order of first appearance). The signature fixes how
+    many of each there are, so nothing separates the three lists. An *escaping* output's
+    number is complemented (negative): one still needed after the flush, because its
+    storage is still referenced (by the user, a view, autograd's saved tensors, an
+    optimizer's state: ``DeviceStorage.alive``). So is a written storage's when nothing
+    references it any more (its write need not be written back).
+
+    ``referenced(storage)`` says whether a storage is still referenced (default: its
+    ``alive``); None where only a later call can say (a compiled graph's template, whose
+    inputs' liveness is its call's): those written entries are listed in ``later`` as
+    ``(position in parts, storage)``, holding the not-complemented number.
+    Built in one pass at every flush: this is host time per op."""
+    local: dict = {}
+    parts = []
+    later = []
+    append = parts.append
+    get = local.get
+    for signature_id, reads, writes, results in ops:
+        append(-signature_id)
+        for storage in reads:
+            number = get(storage)
+            if number is None:
+                number = local[storage] = len(local)
+            append(number)
+        for storage in writes:
+            number = get(storage)
+            if number is None:
+                number = local[storage] = len(local)
+            kept = storage.alive if referenced is None else referenced(storage)
+            if kept is None:
+                later.append((len(parts), storage))
+            append(~number if kept is False else number)  # dead writes are not written back
+        for storage in results:
+            if storage is None:
+                append(None)
+            else:
+                local[storage] = number = len(local)
+                append(~number if (storage.alive if referenced is None else referenced(storage)) else number)
+    return parts, later
+
+
 class AdaptiveSink:
     """The op window. ``name`` is "adaptive" for adaptive eager's one window; a compiled
     graph's window (``compiler.GraphRunner``) is "compiled", with caches of its own."""
@@ -138,39 +185,8 @@ class AdaptiveSink:
 
     @staticmethod
     def _structure(records) -> tuple:
-        """The window's plan-cache key: its structure, flat.
-
-        Per op: its signature's number (negated), then the local number of each storage
-        it reads, writes and produces (data flow and aliasing; numbers in order of first
-        appearance). The signature fixes how many of each there are, so nothing separates
-        the three lists. An *escaping* output's number is complemented (negative): one
-        still needed after the flush, because its storage is still referenced (by the
-        user, a view, autograd's saved tensors, an optimizer's state: ``DeviceStorage.alive``).
-        So is a written storage's when nothing references it any more (its write need not
-        be written back).
-        Built in one pass at every flush: this is host time per op."""
-        local: dict = {}
-        parts = []
-        append = parts.append
-        get = local.get
-        for record in records:
-            append(-record.signature_id)
-            for storage in record.reads:
-                number = get(storage)
-                if number is None:
-                    number = local[storage] = len(local)
-                append(number)
-            for storage in record.writes:
-                number = get(storage)
-                if number is None:
-                    number = local[storage] = len(local)
-                append(number if storage.alive else ~number)  # dead writes are not written back
-            for storage in record.results:
-                if storage is None:
-                    append(None)
-                else:
-                    local[storage] = number = len(local)
-                    append(~number if storage.alive else number)
+        """The window's plan-cache key (:func:`structure_key` of its records)."""
+        parts, _ = structure_key([(r.signature_id, r.reads, r.writes, r.results) for r in records])
         return tuple(parts)
 
     @staticmethod
