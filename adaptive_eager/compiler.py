@@ -63,9 +63,7 @@ _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<functio
 class _WholeGraph(WindowPolicy):
     """The window policy of a compiled graph: no size limit, no early flush."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.max_ops = self.min_ops = sys.maxsize
+    max_ops = min_ops = sys.maxsize
 
 
 class _GraphSink(AdaptiveSink):

@@ -60,18 +60,25 @@ def window_policy(**fields):
     """Set fields of adaptive eager's window policy for a region, then restore them all;
     yields the live policy. Fields: ``max_ops`` and ``min_ops`` (window size bounds),
     ``shallow_us`` (flush when the device's backlog falls below it), ``patterns`` (the
-    pattern library), ``on_chip_bytes`` (the on-chip rule's budget, 0 turns it off). A
+    pattern library), ``on_chip_bytes`` (the on-chip rule's budget, 0 turns it off); each
+    is a ``NEURON_ADAPTIVE_*`` value of the configuration (``WindowPolicy.FIELDS``). A
     change applies from the next op the window records; no flush is forced."""
-    policy = _adaptive_sink().policy
-    saved = dict(vars(policy))
-    unknown = sorted(set(fields) - set(saved))
+    from adaptive_eager_device.core.config import CONFIG
+
+    from .window import WindowPolicy
+
+    unknown = sorted(set(fields) - set(WindowPolicy.FIELDS))
     if unknown:
-        raise TypeError(f"window_policy: no field {', '.join(unknown)}; the fields are {', '.join(sorted(saved))}")
-    vars(policy).update(fields)
+        raise TypeError(f"window_policy: no field {', '.join(unknown)}; the fields are "
+                        f"{', '.join(sorted(WindowPolicy.FIELDS))}")
+    saved = {name: getattr(CONFIG, attribute) for name, attribute in WindowPolicy.FIELDS.items()}
+    for name, value in fields.items():
+        setattr(CONFIG, WindowPolicy.FIELDS[name], value)
     try:
-        yield policy
+        yield _adaptive_sink().policy
     finally:
-        vars(policy).update(saved)
+        for name, value in saved.items():
+            setattr(CONFIG, WindowPolicy.FIELDS[name], value)
 
 
 def clear_caches() -> None:

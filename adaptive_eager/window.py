@@ -48,17 +48,28 @@ from .statistics import FUSION
 LOG = logging.getLogger("adaptive_eager.window")
 
 
-class WindowPolicy:
-    """The window's thresholds (documented in the module docstring and the README), from
-    ``device/core/config.py`` at start; tests and benchmarks change them live."""
+def _configured(attribute: str) -> property:
+    """A policy field that is the configuration's value ``CONFIG.<attribute>``, read and
+    written live."""
+    return property(lambda self: getattr(CONFIG, attribute), lambda self, value: setattr(CONFIG, attribute, value))
 
-    def __init__(self) -> None:
-        self.max_ops = CONFIG.window_ops
-        self.min_ops = CONFIG.min_window_ops
-        self.shallow_us = CONFIG.shallow_us
-        self.patterns = True  # the pattern library
-        # the on-chip rule's budget: one NeuronCore's SBUF (0 turns the rule off)
-        self.on_chip_bytes = CONFIG.on_chip_bytes
+
+class WindowPolicy:
+    """Adaptive eager's window thresholds (documented in the module docstring and the
+    README), read live from ``CONFIG`` (``NEURON_ADAPTIVE_*``): ``max_ops`` and
+    ``min_ops`` (window size bounds), ``shallow_us`` (the starved device's backlog),
+    ``patterns`` (the pattern library) and ``on_chip_bytes`` (the on-chip rule's budget:
+    one NeuronCore's SBUF; 0 turns the rule off). ``adaptive_eager.window_policy``
+    changes them for a region."""
+
+    FIELDS = {"max_ops": "window_ops", "min_ops": "min_window_ops", "shallow_us": "shallow_us",
+              "patterns": "patterns", "on_chip_bytes": "on_chip_bytes"}
+
+    max_ops = _configured("window_ops")
+    min_ops = _configured("min_window_ops")
+    shallow_us = _configured("shallow_us")
+    patterns = _configured("patterns")
+    on_chip_bytes = _configured("on_chip_bytes")
 
 
 def structure_key(ops, referenced=None) -> tuple:

@@ -1,4 +1,4 @@
-"""Built kernels (device/hardware/built_kernel.py): a fused kernel that launches again is compiled into
+"""Built kernels (device/hardware/built_kernel.py): a fused kernel that launches again is built into
 one function. Its numbers must stay the CPU's, launch after launch, with new float
 constants each time; kernels that update tensors in place stay op by op; a built kernel
 that fails still names the exact op and the user's line."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import adaptive_eager
-from adaptive_eager_device.hardware import built_kernel as compiled
+from adaptive_eager_device.hardware import built_kernel
 from conftest import windows_at_sync_points
 
 
@@ -22,16 +22,16 @@ def one_window(adaptive_mode):
 
 
 @pytest.fixture
-def compiled_runs(monkeypatch):
+def built_runs(monkeypatch):
     """How many launches ran a built kernel."""
     calls = []
-    original = compiled.CompiledKernel.run
+    original = built_kernel.BuiltKernel.run
 
     def run(self, records):
         calls.append(self)
         return original(self, records)
 
-    monkeypatch.setattr(compiled.CompiledKernel, "run", run)
+    monkeypatch.setattr(built_kernel.BuiltKernel, "run", run)
     return calls
 
 
@@ -40,7 +40,7 @@ def chain(x, y, scale):
     return (h * h).sum(-1, keepdim=True) + h.mean()
 
 
-def test_hot_kernel_is_built_and_keeps_cpu_numbers_with_new_float_constants(compiled_runs):
+def test_hot_kernel_is_built_and_keeps_cpu_numbers_with_new_float_constants(built_runs):
     generator = torch.Generator().manual_seed(0)
     for step in range(5):
         x, y = torch.randn(32, 16, generator=generator), torch.randn(32, 16, generator=generator)
@@ -49,7 +49,7 @@ def test_hot_kernel_is_built_and_keeps_cpu_numbers_with_new_float_constants(comp
     cache = adaptive_eager.stats()["kernel_cache"]
     assert cache["built"] == 1 and cache["op_by_op"] == 0
     # built at the second launch (checked against its ops), run as built from the third on
-    assert len(compiled_runs) == 1 + 3
+    assert len(built_runs) == 1 + 3
 
 
 def test_views_of_values_made_inside_the_kernel_are_built():
@@ -63,7 +63,7 @@ def test_views_of_values_made_inside_the_kernel_are_built():
     assert adaptive_eager.stats()["kernel_cache"]["built"] >= 1
 
 
-def test_kernel_updating_a_tensor_in_place_stays_op_by_op(compiled_runs):
+def test_kernel_updating_a_tensor_in_place_stays_op_by_op(built_runs):
     """A built run that failed half-way could not be replayed: add_ would add twice."""
     total, expected = torch.zeros(8, 8).to("neuron"), torch.zeros(8, 8)
     for step in range(4):
@@ -73,7 +73,7 @@ def test_kernel_updating_a_tensor_in_place_stays_op_by_op(compiled_runs):
         torch.testing.assert_close(total.cpu(), expected)
     cache = adaptive_eager.stats()["kernel_cache"]
     assert cache["op_by_op"] >= 1 and cache["built"] == 0
-    assert compiled_runs == []
+    assert built_runs == []
 
 
 def test_overwriting_a_fresh_tensor_is_built():
@@ -85,13 +85,13 @@ def test_overwriting_a_fresh_tensor_is_built():
     assert adaptive_eager.stats()["kernel_cache"]["built"] == 1
 
 
-def test_failure_inside_a_built_kernel_names_the_op_and_the_line(compiled_runs):
+def test_failure_inside_a_built_kernel_names_the_op_and_the_line(built_runs):
     table = torch.randn(10, 4)
     for _ in range(3):
         index = torch.tensor([1, 2, 3])
         out = (table.to("neuron") * 2).index_select(0, index.to("neuron")).exp()
         torch.testing.assert_close(out.cpu(), (table * 2).index_select(0, index).exp())
-    assert compiled_runs  # the kernel is built and in use
+    assert built_runs  # the kernel is built and in use
     bad = torch.tensor([1, 99, 3])
     line = inspect.currentframe().f_lineno + 1
     out = (table.to("neuron") * 2).index_select(0, bad.to("neuron")).exp()
@@ -125,7 +125,7 @@ def test_views_at_another_offset_in_each_launch_read_the_right_elements():
     assert adaptive_eager.stats()["kernel_cache"]["built"] == 1
 
 
-def test_launching_and_building_leave_the_plan_unchanged(compiled_runs):
+def test_launching_and_building_leave_the_plan_unchanged(built_runs):
     """A cached KernelSpec is plan data: the device keeps a kernel's launch count and its
     built function in a table of its own (``fused_kernel.STATE``), so launching, building
     and running the built kernel change no field of the spec."""
@@ -144,5 +144,5 @@ def test_launching_and_building_leave_the_plan_unchanged(compiled_runs):
         torch.testing.assert_close(chain(x.to("neuron"), y.to("neuron"), 0.5).cpu(), chain(x, y, 0.5))
         if before is None:
             before = plan_fields()  # after the first launch, before the kernel is built
-    assert adaptive_eager.stats()["kernel_cache"]["built"] == 1 and len(compiled_runs) == 1 + 2
+    assert adaptive_eager.stats()["kernel_cache"]["built"] == 1 and len(built_runs) == 1 + 2
     assert plan_fields() == before

@@ -1,8 +1,12 @@
 """Every ``NEURON_*`` environment variable, parsed and checked in one place, once, at import.
 
 Entry points: :data:`CONFIG` (the live values) and :data:`VARIABLES` (the table: name,
-type, default, meaning). Tests and benchmarks change live values through ``CONFIG``
-(``CONFIG.launch_blocking = True``), never by editing ``os.environ`` after import.
+type, default, meaning). Every module reads its values from ``CONFIG`` when it uses them,
+never a copy made at import, so tests and benchmarks change a live value through
+``CONFIG`` (``CONFIG.launch_blocking = True``), never by editing ``os.environ`` after
+import. Two values are the process's for good once the device is registered: the device
+count (the C++ hooks hold it, as CUDA reads ``CUDA_VISIBLE_DEVICES`` once) and the
+device's first current index.
 
 A bad value never breaks ``import torch`` (the device registers on every ``import torch``,
 also in programs that never use it): it is recorded in :data:`CONFIG.errors`, the default
@@ -92,7 +96,10 @@ VARIABLES = (
      "ops a window holds before the policy may flush it early"),
     ("NEURON_ADAPTIVE_SHALLOW_US", "shallow_us", _number(0, False), 20.0,
      "simulated device backlog at or below which the device counts as starved"),
-    ("NEURON_ADAPTIVE_COMPILE", "build_kernels", _flag, True, "build hot fused kernels into one compiled function"),
+    ("NEURON_ADAPTIVE_PATTERNS", "patterns", _flag, True,
+     "match the pattern library's chains: each runs as one library kernel"),
+    ("NEURON_ADAPTIVE_COMPILE", "build_kernels", _flag, True,
+     "build hot fused kernels: each runs as one function (a built kernel)"),
     ("NEURON_COMPILED_REPLAY", "compiled_replay", _flag, True,
      "replay a compiled graph's recorded launches for calls of the same input signature"),
     ("NEURON_ADAPTIVE_ON_CHIP_MB", "on_chip_mb", _number(0, False), 24.0,
@@ -164,6 +171,10 @@ class DeviceConfig:
     @property
     def on_chip_bytes(self) -> int:
         return int(self.on_chip_mb * (1 << 20))
+
+    @on_chip_bytes.setter
+    def on_chip_bytes(self, value: int) -> None:
+        self.on_chip_mb = value / (1 << 20)
 
     def problem(self) -> str | None:
         """What the device's first use raises, or None when every value is valid."""

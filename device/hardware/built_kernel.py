@@ -1,6 +1,6 @@
-"""Built kernels: a hot fused kernel's ops compiled into one function that runs in C++.
+"""Built kernels: a hot fused kernel's ops made into one function that runs in C++.
 
-Entry points: :func:`build` (a fused kernel's records and spec -> :class:`CompiledKernel`,
+Entry points: :func:`build` (a fused kernel's records and spec -> :class:`BuiltKernel`,
 or None) and :func:`same_outputs` (the check every build passes before it is used). The
 fused kernel (``device/hardware/fused_kernel.py``) decides when to build, and keeps what it built.
 
@@ -20,7 +20,7 @@ run of the same launch; otherwise the kernel stays op by op, and the reason goes
 ``adaptive_eager.fusion`` logger at DEBUG. Not built, and run op by op every time:
 
 - kernels that update a tensor in place (``add_``, the optimizers' ``_foreach_*_``): a
-  compiled run that fails half-way could not be replayed op by op to name the failing op,
+  built run that fails half-way could not be replayed op by op to name the failing op,
   since the updates before it already happened. Writes that replay safely are built: to
   a value produced inside the kernel, or to a whole tensor the kernel has not touched
   before, by an op that overwrites it without reading it (``fill_``, ``zero_``,
@@ -44,7 +44,6 @@ from ..memory.storage import DeviceStorage, ViewRef
 from .op_record import resolve
 
 LOG = logging.getLogger("adaptive_eager.fusion")
-ENABLED = CONFIG.build_kernels
 HOT_AFTER = 2  # a kernel is built at its second launch
 
 
@@ -52,8 +51,8 @@ class NotBuildable(Exception):
     """Why a fused kernel stays op by op."""
 
 
-class CompiledKernel:
-    """A fused kernel's ops as one compiled function.
+class BuiltKernel:
+    """A fused kernel's ops as one built function (TorchScript).
 
     ``sources`` says where each of the function's inputs comes from in a launch's records
     (``(member offset, keyword or None, argument index, list index or None)``, plus
@@ -246,7 +245,7 @@ def _scripted(function):
     return scripted
 
 
-def build(records, spec) -> CompiledKernel | None:
+def build(records, spec) -> BuiltKernel | None:
     """Compile a fused kernel's ops (see the module docstring); None when it cannot be."""
     writer = _Writer(records)
     at_root = {pattern.root: pattern for pattern in spec.patterns}
@@ -283,14 +282,14 @@ def build(records, spec) -> CompiledKernel | None:
     except Exception as error:  # noqa: BLE001 - TorchScript refuses: stay op by op
         LOG.debug("kernel %s stays op by op: TorchScript: %s", spec.name, str(error).strip().splitlines()[0])
         return None
-    return CompiledKernel(function, tuple(writer.sources), outputs, source)
+    return BuiltKernel(function, tuple(writer.sources), outputs, source)
 
 
-def same_outputs(compiled_outputs, records, outputs) -> bool:
-    """Are a compiled run's outputs bit-identical to what the op-by-op run stored?"""
-    if len(compiled_outputs) != len(outputs):
+def same_outputs(built_outputs, records, outputs) -> bool:
+    """Are a built run's outputs bit-identical to what the op-by-op run stored?"""
+    if len(built_outputs) != len(outputs):
         return False
-    for value, (offset, position) in zip(compiled_outputs, outputs):
+    for value, (offset, position) in zip(built_outputs, outputs):
         expected = records[offset].results[position].data
         if expected is None or value.shape != expected.shape or value.dtype != expected.dtype:
             return False

@@ -40,18 +40,20 @@ class DeviceProfile:
     hbm_bandwidth_bytes_per_s: float = 2.9e12
     peak_bf16_flops: float = 667e12  # dense BF16/FP16
     peak_fp32_flops: float = 667e12 / 4
-    launch_overhead_us: float = dataclasses.field(
-        default_factory=lambda: CONFIG.launch_us
-    )
     # On-chip memory of one NeuronCore-v3 (SBUF, 24 MiB): what a fused kernel can keep
     # resident; the adaptive runtime's on-chip fusion rule uses it as its budget.
     sbuf_bytes: int = 24 * (1 << 20)
     # Inter-chip link for collectives: NeuronLink inside a node. An *assumption* for the
     # simulation: 100 GB/s per direction per link (Trn2's NeuronLink-v3 is faster in
     # aggregate; EFA between nodes is slower). Set NEURON_SIM_LINK_GBPS to try another.
-    link_bandwidth_bytes_per_s: float = dataclasses.field(
-        default_factory=lambda: CONFIG.link_gbps * 1e9
-    )
+
+    @property
+    def launch_overhead_us(self) -> float:
+        return CONFIG.launch_us  # read live (NEURON_SIM_LAUNCH_US)
+
+    @property
+    def link_bandwidth_bytes_per_s(self) -> float:
+        return CONFIG.link_gbps * 1e9  # read live (NEURON_SIM_LINK_GBPS)
 
     def collective_time_us(self, nbytes: int, world_size: int, all_to_all: bool) -> float:
         """A ring collective: each rank sends and receives (n-1)/n of the data, twice for

@@ -103,9 +103,8 @@ class ExecutionQueue:
         self.faults: FaultInjector | None = FaultInjector(CONFIG.faults) if CONFIG.faults else None
         # The simulated timeline (deterministic: costs only, never host timing):
         self.clock_us = 0.0  # device busy time: the sum of launched kernels' times
-        self.host_us = 0.0  # host clock: host_us_per_op per issued op; waits at sync points
+        self.host_us = 0.0  # host clock: CONFIG.host_us_per_op per issued op; waits at sync points
         self.device_free_us = 0.0  # when the device finishes the last launched kernel
-        self.host_us_per_op = CONFIG.host_us_per_op
         self.kernel_totals: dict = {}  # kernel name or op -> [launches, simulated us, bytes]
         self.trace_recorder = None  # a device.trace.TraceRecorder while tracing (read-only: set_trace_recorder)
         self._failed_kernels: list = []  # signatures of fused kernels an op failed in (worker -> host)
@@ -227,7 +226,7 @@ class ExecutionQueue:
         """Simulated work queued ahead of the host: how long the device stays busy if the
         host launches nothing more. At or below zero, the device is starved.
 
-        The simulated host issues one op every ``host_us_per_op`` (``NEURON_SIM_HOST_US``,
+        The simulated host issues one op every ``CONFIG.host_us_per_op`` (``NEURON_SIM_HOST_US``,
         default 5 us: an *assumption*, about a CUDA eager framework's per-op host cost) and
         waits for the device at sync points; kernels start when both the host has launched
         them and the device is free. Being deterministic, it makes adaptive windows, plans
@@ -241,7 +240,7 @@ class ExecutionQueue:
         host clock by ``count`` ops."""
         first = self.issued
         self.issued = first + count
-        self.host_us += self.host_us_per_op * count
+        self.host_us += CONFIG.host_us_per_op * count
         return first
 
     # -- observing -------------------------------------------------------------------

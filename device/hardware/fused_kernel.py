@@ -34,6 +34,7 @@ import weakref
 
 import torch
 
+from ..core.config import CONFIG
 from . import built_kernel
 from .op_record import in_layout, resolve, run_record
 
@@ -135,7 +136,7 @@ class FusedKernel:
         if state is None:
             state = STATE[spec] = KernelState()
         built = state.built
-        if built is None and built_kernel.ENABLED:
+        if built is None and CONFIG.build_kernels:
             state.launches += 1
             if state.launches >= built_kernel.HOT_AFTER:
                 self._build_and_run(queue, state)

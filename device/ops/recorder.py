@@ -19,6 +19,7 @@ from time import perf_counter
 
 import torch
 
+from ..core.config import CONFIG
 from ..core.counters import COUNTERS
 from ..core.location import capture_location, warn_at_user_line
 from ..core.reasons import Flush
@@ -247,7 +248,7 @@ def record_kernel(entry, args, kwargs):
         inference.signature, inference.signature_id, _STREAMS.current, issue,
     )
     COUNTERS.ops_recorded += 1
-    QUEUE.host_us += QUEUE.host_us_per_op
+    QUEUE.host_us += CONFIG.host_us_per_op
     if trace is not None:
         trace.issue(record, started)
     sink._sink.record(record)
