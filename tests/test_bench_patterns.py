@@ -1,4 +1,4 @@
-"""What README's "Pattern library" section claims from bench/patterns.py."""
+"""What docs/PATTERNS.md ("In training") claims from bench/patterns.py."""
 import os
 import sys
 

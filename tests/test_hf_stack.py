@@ -437,7 +437,7 @@ def test_device_map_auto(tmp_path):
     everything on the CPU, on TorchNeuron as here. The public way to the device is
     ``max_memory`` with the device's index (accelerate warns that it does not see device 0,
     then places on it: integer devices are ``neuron:<i>`` where TorchNeuron is detected),
-    or ``device_map="neuron"``. README, "Hugging Face libraries", says so."""
+    or ``device_map="neuron"``. docs/HUGGING_FACE.md, "Library behaviours to know", says so."""
     pytest.importorskip("accelerate")
     model = tiny_llama().eval()
     model.save_pretrained(tmp_path)

@@ -1,10 +1,10 @@
-"""Every shell command in README.md runs as written, in the order written (issue 21).
+"""Every shell command in README.md and docs/*.md runs as written, in the order written.
 
-The commands are read from the README's ```bash blocks (continuation lines joined,
-comments dropped) and run one after another in a scratch folder that holds links to the
-repository's ``bench/`` and ``examples/``, so files one command writes (strict.json, the
-traces) are what the next reads, and the checkout stays clean. To keep this test well
-under a minute, some are shrunk and a few are not run:
+The commands are read from the ```bash blocks of README.md, then of each docs/*.md in
+name order (continuation lines joined, comments dropped), and run one after another in a
+scratch folder that holds links to the repository's ``bench/`` and ``examples/``, so files
+one command writes (strict.json, the traces) are what the next reads, and the checkout
+stays clean. To keep this test to a few minutes, some are shrunk and a few are not run:
 
 - shrunk: the demo runs ``--steps 2`` (the README's step counts only lengthen training);
   ``examples/train_ddp.py``, ``train_fsdp2.py``, ``train_tp.py`` and ``finetune_trainer.py`` run ``--steps 3``;
@@ -27,6 +27,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+# README first, then the guides: the documents whose commands run, in this order
+DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 # A command that starts with one of these is not run; why.
 SKIPPED = {
@@ -55,15 +57,20 @@ SHRINK = (
 )
 
 
-def readme_commands() -> list[str]:
-    """The shell commands of README's bash blocks, in order (``a && b`` is two commands)."""
+def document_commands(path: Path) -> list[str]:
+    """The shell commands of one document's bash blocks, in order (``a && b`` is two)."""
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), re.S):
+    for block in re.findall(r"```bash\n(.*?)```", path.read_text(), re.S):
         for line in block.replace("\\\n", " ").splitlines():
             line = re.sub(r"\s+#.*$", "", line).strip()
             if line and not line.startswith("#"):
                 commands += [part.strip() for part in line.split("&&")]
     return commands
+
+
+def readme_commands() -> list[str]:
+    """The commands of README.md, then of docs/*.md, in order."""
+    return [command for path in DOCUMENTS for command in document_commands(path)]
 
 
 def skipped_because(command: str) -> str | None:
@@ -83,12 +90,13 @@ def shrunk(command: str) -> str:
 
 
 def test_the_skip_list_names_only_readme_commands():
-    """Each skipped prefix still matches a README command (a stale entry would hide
-    nothing), and the README still has commands to run."""
+    """Each skipped prefix still matches a command of the README or the docs (a stale
+    entry would hide nothing), and the README still has commands to run."""
     commands = readme_commands()
     for prefix in SKIPPED:
         assert any(skipped_because(c) == SKIPPED[prefix] for c in commands), prefix
     assert sum(skipped_because(c) is None for c in commands) >= 10
+    assert sum(skipped_because(c) is None for c in document_commands(README)) >= 8
 
 
 def test_readme_commands_run_in_order(tmp_path):
@@ -110,7 +118,7 @@ def test_readme_commands_run_in_order(tmp_path):
         command = shrunk(command)
         started = time.perf_counter()
         result = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-        assert result.returncode == 0, f"README command failed: {command}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+        assert result.returncode == 0, f"documented command failed: {command}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
         ran.append(command)
         seconds[command] = round(time.perf_counter() - started, 1)
     print(seconds)  # pytest -s shows where the time goes
@@ -132,14 +140,26 @@ def test_commands_are_shrunk_not_changed(command, expected):
 
 
 def test_the_screenshot_caption_matches_its_record():
-    """The README says when, at which commit and from which figures docs/report.png was
-    taken, as docs/figures.json (written by python -m bench.figures) records it."""
+    """The README's caption of docs/report.png quotes the figures docs/figures.json
+    (written by python -m bench.figures) records, and points there for when and on what
+    it was taken."""
     import json
 
     record = json.loads((ROOT / "docs" / "figures.json").read_text())["docs/report.png"]
     text = " ".join(README.read_text().split())
-    taken = record["taken"]
-    assert f"taken on {taken['date']} at commit `{taken['commit']}`" in text
     figures = record["figures"]
-    assert (f"strict: {figures['strict']['ops_recorded']:,} ops and {figures['strict']['kernels_launched']:,} launches; "
-            f"adaptive: {figures['adaptive']['kernels_launched']:,} launches") in text
+    assert (f"(strict: {figures['strict']['ops_recorded']:,} ops and {figures['strict']['kernels_launched']:,} launches; "
+            f"adaptive: {figures['adaptive']['kernels_launched']:,} launches); `docs/figures.json` records") in text
+
+
+# A date, a commit hash in backticks, an issue number, a work session: provenance and history,
+# which belong in bench/results/*.json (or nowhere), not in the prose users read.
+PROVENANCE = re.compile(r"\b20\d\d-\d\d-\d\d\b|`(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}`"
+                        r"|\b[Ii]ssues? #?\d+|\bthis (?:stop|session)\b|\b(?:first|second|third|fourth) session\b")
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda path: path.name)
+def test_the_docs_hold_no_dated_provenance_or_issue_numbers(path):
+    found = [f"{path.name}:{number}: {line.strip()}" for number, line in enumerate(path.read_text().splitlines(), 1)
+             if PROVENANCE.search(line)]
+    assert not found, "\n".join(found)
