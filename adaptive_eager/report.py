@@ -11,7 +11,7 @@ timeline, host issue vs device execution (device/hardware/trace.py: pid 1 host o
 worker in real time, pid 3 the simulated device clock).
 
 Charts carry stable ids and classes (``svg#kernel-time rect.bar`` ...) that the browser
-test in tests/test_report.py counts. Entry points: :func:`render`, :func:`main`.
+test in tests/runtime/test_report.py counts. Entry points: :func:`render`, :func:`main`.
 """
 from __future__ import annotations
 

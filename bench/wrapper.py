@@ -18,7 +18,7 @@ op would make a device tensor. Ops that touch no wrapped tensor run as plain CPU
 a factory naming ``device=x.device`` (the wrapper's device is the CPU) and its chain (the
 causal mask), AdamW's step counters (CPU tensors on any device) and profiler markers: 11%
 of the GPT step's ops, 8% of Llama's, none of the decode loop's
-(``tests/test_wrapper_bench.py``). The step runs the CPU's program: PyTorch's optimizers pick
+(``tests/benchmarks/test_wrapper_bench.py``). The step runs the CPU's program: PyTorch's optimizers pick
 their ``foreach`` implementations for accelerators only, so AdamW runs per parameter here
 as on CPU eager, while on ``neuron`` it runs ``_foreach_*`` ops (the ``ops`` column says
 how many ops each mode ran; host us per op is comparable, wall per step is that program's).

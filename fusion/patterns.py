@@ -27,7 +27,7 @@ on-chip rule merges it with its neighbours. Attention and cross-entropy
 and outputs, with a row log-sum-exp written in place of the scores autograd keeps. Implementations are TorchScript-able, so a
 hot kernel holding one is built (``device/hardware/built_kernel.py``) like any other.
 
-Tolerances against the unfused ops, each checked by a test (``tests/test_patterns.py``):
+Tolerances against the unfused ops, each checked by a test (``tests/fusion/test_patterns.py``):
 
 - softmax, log_softmax: 1e-6 relative (ATen's kernels subtract the max the same way);
 - GELU, SiLU: 1e-6 (one fused expression instead of rounding after each op);

@@ -1,4 +1,4 @@
-"""Distributed training scenarios on ``neuron`` meshes, shared by tests/test_distributed_apis.py:
+"""Distributed training scenarios on ``neuron`` meshes, shared by tests/integrations/test_distributed_apis.py:
 each ``run_<name>(mesh_or_world, out)`` trains on the ranks of a process group and returns
 what the test compares; each ``reference_<name>()`` trains the same model on one CPU
 process on the whole batch. Models, data and initial weights are drawn on the CPU from

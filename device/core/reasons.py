@@ -8,7 +8,7 @@ and :func:`explain` (a reason, with or without that detail, in plain words).
 
 The producers (``device/``'s sync points, the adaptive window's flush policy, the planner)
 give only these members; the statistics keep their strings, and the stats CLI, the HTML
-report and the demo read the explanations from here. ``tests/test_reasons.py`` checks that
+report and the demo read the explanations from here. ``tests/device/test_reasons.py`` checks that
 no producer passes a string of its own, so a new reason cannot land unexplained.
 """
 from __future__ import annotations

@@ -17,7 +17,7 @@ generic layers (``_layer``, ``_bidirectional_layer``, the packed ones) with the 
 (``_lstm_step``, ``_gru_step``, ``_simple_step``), and for an LSTM that oneDNN takes the
 layer kernel itself (``_lstm_onednn``), which the device runs as the CPU runs it. Run on
 CPU tensors, each function here gives the CPU's results bit for bit
-(``tests/test_rnn.py``).
+(``tests/device/test_rnn.py``).
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import torch
 import adaptive_eager
 from adaptive_eager_device.core.reasons import Flush, Refused, explain
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PRODUCERS = {"flush", "synchronize", "_synchronize", "run_on_host"}
 
 

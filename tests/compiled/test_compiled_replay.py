@@ -16,7 +16,7 @@ import adaptive_eager
 from adaptive_eager_device.core.config import CONFIG
 from adaptive_eager_device.core.counters import COUNTERS
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from bench.workloads import GPT, Llama  # noqa: E402
 
 HERE = os.path.abspath(__file__)

@@ -1,5 +1,5 @@
 """The loop rules' table (``fusion/rules.py``): the order its rules are asked in, which
-decides the reason a refusal gives. What each rule fuses is in ``tests/test_fusion_rules.py``."""
+decides the reason a refusal gives. What each rule fuses is in ``tests/fusion/test_fusion_rules.py``."""
 from types import SimpleNamespace
 
 from adaptive_eager.fusion.categories import OPAQUE, POINTWISE

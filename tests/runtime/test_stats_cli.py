@@ -337,7 +337,7 @@ def test_application_logging_gets_each_record_once(tmp_path):
 
 
 def test_a_bad_log_level_is_a_configuration_error(tmp_path):
-    """Like every NEURON_* value (tests/test_configuration.py): the import works, the
+    """Like every NEURON_* value (tests/device/test_configuration.py): the import works, the
     device's first use names the variable."""
     script = "import adaptive_eager, torch\ntry:\n    torch.ones(1, device='neuron')\nexcept ValueError as e:\n    print(e)"
     result = run_loop(tmp_path, "strict", {"NEURON_LOG_LEVEL": "LOUD"}, script=script)

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from bench import measure, wrapper  # noqa: E402
 from bench.workloads import WORKLOADS  # noqa: E402
 

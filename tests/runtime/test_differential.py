@@ -7,7 +7,7 @@ adaptive window then eliminates dead intermediates and the planner reorders arou
 as in real code.
 
 The default run tries 200 programs. ``HYPOTHESIS_PROFILE=thorough python -m pytest
-tests/test_differential.py`` tries 5,000, and ``HYPOTHESIS_PROFILE=long`` 10,000 (about
+tests/runtime/test_differential.py`` tries 5,000, and ``HYPOTHESIS_PROFILE=long`` 10,000 (about
 20 minutes here; the figure in the closing note of the correctness issue).
 """
 import os

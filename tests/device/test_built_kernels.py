@@ -99,7 +99,7 @@ def test_failure_inside_a_built_kernel_names_the_op_and_the_line(built_runs):
         out.cpu()
     message = str(raised.value)
     assert "aten::index_select" in message
-    assert f"test_compiled_kernels.py:{line} " in message
+    assert f"test_built_kernels.py:{line} " in message
 
 
 def test_building_can_be_turned_off():

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import adaptive_eager
 from conftest import assert_same, windows_at_sync_points
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from bench.workloads import LlamaRMSNorm, apply_rotary_pos_emb, rotate_half  # noqa: E402  (as Hugging Face writes them)
 
 

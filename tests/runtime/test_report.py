@@ -304,7 +304,7 @@ def test_report_in_headless_chromium(runs, page, tmp_path):
 def test_readme_shows_the_committed_screenshot():
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     png = (root / "docs" / "report.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24])[0] >= 1000
     assert "](docs/report.png)" in (root / "README.md").read_text()

@@ -333,18 +333,6 @@ def test_refusals_are_logged_at_debug(caplog):
 # -- caches, failure, determinism ---------------------------------------------------------
 
 
-def test_plan_and_kernel_caches_hit_on_repeated_windows():
-    x = torch.randn(8)
-    (d,) = device(x)
-    adaptive_eager.clear_caches()
-    adaptive_eager.reset_stats()
-    for _ in range(5):
-        ((d * 2 + 1).relu()).cpu()
-    stats = adaptive_eager.stats()
-    assert stats["plan_cache"]["misses"] == 1 and stats["plan_cache"]["hits"] == 4
-    assert stats["kernel_cache"]["misses"] + stats["kernel_cache"]["hits"] == 1
-
-
 def test_failed_fused_kernel_names_the_exact_op_and_becomes_unfusable():
     x = torch.randn(8)
     (d,) = device(x)
@@ -358,51 +346,6 @@ def test_failed_fused_kernel_names_the_exact_op_and_becomes_unfusable():
     stats = adaptive_eager.stats()
     assert stats["replays"] == 1
     assert "marked unfusable after a failure" in stats["refusals"]
-
-
-def test_window_full_stream_change_and_queue_shallow_flushes(policy):
-    x = torch.randn(8)
-    (d,) = device(x)
-    policy.max_ops = 4
-    y = d
-    for _ in range(10):
-        y = y + 1
-    policy.max_ops = 10**6
-    with torch.neuron.stream(torch.neuron.Stream()):
-        z = y * 2
-    policy.min_ops, policy.shallow_us = 2, 10**9  # always "starved": flush early
-    w = z - 1
-    w = w - 1
-    w = w - 1
-    assert_same(w, x + 10 - 3 if False else (x + 10) * 2 - 3)
-    reasons = adaptive_eager.stats()["flushes"]["by_reason"]
-    assert reasons["window_full"] == 2
-    assert reasons["stream_change"] >= 1
-    assert reasons["queue_shallow"] >= 1
-
-
-def test_queue_shallow_never_splits_a_multi_tensor_chain(policy):
-    """The policy flushes when the device starves, but not between two foreach ops: an
-    optimizer step stays one window, so one kernel (split, AdamW moved 12 tensors' bytes
-    per parameter in 4 kernels instead of 7 in 1)."""
-    cpu = [nn.Parameter(torch.randn(shape)) for shape in ((64, 32), (32,))]
-    params = [nn.Parameter(p.detach().to("neuron")) for p in cpu]
-    for p, q in zip(params, cpu):
-        q.grad = torch.randn(q.shape)
-        p.grad = q.grad.to("neuron")
-    optimizers = [torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1) for ps in (params, cpu)]
-    for optimizer in optimizers:
-        optimizer.step()
-    torch.neuron.synchronize()
-    policy.min_ops, policy.shallow_us = 2, 10**9  # always "starved": flush at 2 ops
-    adaptive_eager.reset_stats()
-    for optimizer in optimizers:
-        optimizer.step()
-    for p, q in zip(params, cpu):
-        assert_same(p.detach(), q.detach())
-    stats = adaptive_eager.stats()
-    assert stats["ops_recorded"] >= 8 and stats["kernels_launched"] == 1, stats["flushes"]
-    assert stats["bytes_moved"] == 7 * sum(q.numel() * 4 for q in cpu)
 
 
 # -- the on-chip rule ---------------------------------------------------------------------
@@ -435,7 +378,7 @@ def test_adaptive_records_exactly_the_ops_strict_records():
     import os
     import sys
 
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from bench.workloads import GPTBlock
 
     def ops(adaptive):

@@ -73,7 +73,7 @@ def test_valid_values_of_every_kind_parse():
 
 
 def test_every_variable_is_in_the_readme():
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
     for variable, *_ in VARIABLES:
         assert f"`{variable}" in readme, variable
 

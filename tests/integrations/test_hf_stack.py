@@ -7,7 +7,7 @@ Every model is tiny and built from a config (no downloads), every data set is in
 memory. Each scenario runs in strict and in adaptive eager (``any_mode``). The default
 run holds all but Trainer with ``torch_compile=True`` (~40 s: Dynamo and AOTAutograd
 compile the step), which carries the ``slow`` marker that setup.cfg's ``addopts``
-deselects: ``python -m pytest -m slow tests/test_hf_stack.py`` runs it.
+deselects: ``python -m pytest -m slow tests/integrations/test_hf_stack.py`` runs it.
 
 Needs the ``hf`` extra (``pip install -c constraints.txt -e ".[test,hf]"``); each test
 skips, saying which library is missing, without it.

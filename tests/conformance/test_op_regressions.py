@@ -48,7 +48,7 @@ def test_batch_norm_functional_in_eval_and_training():
 
 
 def test_compressed_sparse_tensors_are_refused_clearly():
-    # COO tensors are the device's (tests/test_sparse.py); CSR and the other compressed
+    # COO tensors are the device's (tests/device/test_sparse.py); CSR and the other compressed
     # layouts are refused at the call.
     x = torch.randn(3, 3)
     with pytest.raises(NotImplementedError, match="not supported on the neuron device"):

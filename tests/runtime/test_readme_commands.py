@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 # README first, then the guides: the documents whose commands run, in this order
 DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md"))]
@@ -38,13 +38,13 @@ SKIPPED = {
     "python -m bench.figures": "rewrites the tracked docs/report.png and takes a minute",
     "python -m bench": "takes minutes (adds torch.compile of every workload)",
     "python bench/scaling.py": "takes tens of minutes (three workloads at four widths, three modes, and the "
-                               "launch-overhead table); tests/test_scaling_bench.py runs the smallest width",
+                               "launch-overhead table); tests/benchmarks/test_scaling_bench.py runs the smallest width",
     "python bench/op_coverage.py": "takes minutes (all of PyTorch's OpInfos in six configurations); "
-                                   "tests/test_op_coverage.py runs it on a few ops",
+                                   "tests/conformance/test_op_coverage.py runs it on a few ops",
     "python bench/hf_models.py": "takes minutes (every causal-LM architecture of transformers); "
-                                 "tests/test_hf_models.py runs a few",
+                                 "tests/integrations/test_hf_models.py runs a few",
     "python bench/module_coverage.py": "takes minutes (every ModuleInfo of module_db in four configurations); "
-                                       "tests/test_module_coverage.py runs a few modules",
+                                       "tests/conformance/test_module_coverage.py runs a few modules",
     "python bench/torch_suites.py": "needs a PyTorch test/ folder, which is not part of this repository, and takes "
                                     "hours (upstream test files in three runs)",
 }
