@@ -1,6 +1,6 @@
 """Recording a kernel: the low-level recorder under the op routing (``dispatch.py``).
 
-Entry points: :func:`launch` (a kernel op -> outputs now, an :class:`OpRecord` handed to
+Entry points: :func:`record_kernel` (a kernel op -> outputs now, an :class:`OpRecord` handed to
 the sink) and :func:`allocate` (``empty``-like ops: memory, no kernel).
 
 A kernel is *recorded*: output metadata from cached shape inference (``shapes.py``),
