@@ -45,7 +45,7 @@ _SCALARS = (int, float, bool)
 _default_dtype = torch.get_default_dtype
 
 # Ops that may take CPU tensors of any rank beside neuron ones, as CUDA's indexing does
-# (``_to_copy`` of a host tensor is an upload, ``host_ops._upload``).
+# (``_to_copy`` of a host tensor is an upload, ``dispatch._upload``).
 _HOST_TENSORS_OK = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default,
                     aten._index_put_impl_.default, aten.copy_.default, aten._to_copy.default,
                     # a CPU index in index_fill (issue 19: PyTorch's suites pass one)
