@@ -188,7 +188,7 @@ def record_kernel(entry, args, kwargs):
     started = perf_counter() if trace is not None else 0.0
     if entry.rewrite is not None:
         entry = entry.rewrite
-    if entry.random and (entry.host_random or _explicit_generator(kwargs)):
+    if entry.random and (entry.host_random or _explicit_generator(kwargs)) and _draws(entry, args, kwargs):
         return run_on_host(entry, args, kwargs or {}, Flush.RANDOM_ON_HOST)
     try:
         signature, refs, kwrefs, reads, nested = _record_call(entry, args, kwargs)
@@ -253,6 +253,17 @@ def record_kernel(entry, args, kwargs):
         trace.issue(record, started)
     sink._sink.record(record)
     return _build_return(entry, inference.structure, outputs, args, kwargs)
+
+
+def _draws(entry, args, kwargs) -> bool:
+    """Does this call of a random op draw? Not a fused attention kernel's with no dropout:
+    it is tagged random for its dropout alone (``OpEntry.dropout_arg``)."""
+    dropout = entry.dropout_arg
+    if dropout is None:
+        return True
+    index, name = dropout
+    value = args[index] if index < len(args) else (kwargs or {}).get(name, 0.0)
+    return value != 0.0
 
 
 def _neuron_generator(kwargs) -> bool:
