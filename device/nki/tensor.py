@@ -1,0 +1,678 @@
+"""``NkiTensor``: storage plus a strided view, as the NKI Language Guide defines it.
+
+A tensor is a storage (a byte buffer in SBUF, PSUM or HBM) and a view on it: ``shape``,
+``strides`` and ``offset`` in elements of ``dtype``. The element at index ``(i0, ..., in)`` sits at
+``offset + sum(strides[k] * ik)``. On-chip storages (SBUF, PSUM) are partition-major: partition
+``p`` holds bytes ``[p * pbytes, (p + 1) * pbytes)``, so the partition stride of a fresh tensor
+is its free size. Views (indexing, ``slice``, ``reshape``, ``permute``, ``broadcast``, ``ap`` ...)
+share the storage. ``ap(..., scalar_offset=, vector_offset=)`` views are indirect: their
+addresses depend on an index read when an instruction uses them.
+"""
+from __future__ import annotations
+
+import enum
+import math
+import weakref
+
+import numpy as np
+
+from . import _dtypes
+from ._state import NkiValidationError, current, fail, maybe_current, user_frame, where
+
+
+class NKIObject:
+    """Base class for NKI kernel dataclasses and configuration objects (``nl.NKIObject``).
+
+    In the simulator kernels run as Python, so this is an ordinary base class."""
+
+    def __init__(self, **kwargs):
+        for key, value in kwargs.items():
+            setattr(self, key, value)
+
+
+class MemoryRegion(enum.Enum):
+    """Memory region constants for NKI tensors."""
+
+    sbuf = "sbuf"
+    psum = "psum"
+    private_hbm = "private_hbm"
+    shared_hbm = "shared_hbm"
+
+    def __repr__(self):
+        return f"nl.{self.value}"
+
+    __str__ = __repr__
+
+
+sbuf = MemoryRegion.sbuf
+psum = MemoryRegion.psum
+private_hbm = MemoryRegion.private_hbm
+shared_hbm = MemoryRegion.shared_hbm
+hbm = private_hbm  # "HBM - Alias of private_hbm"
+
+_BUFFER_NAMES = {"sbuf": sbuf, "psum": psum, "hbm": private_hbm, "private_hbm": private_hbm,
+                 "shared_hbm": shared_hbm}
+
+
+def as_buffer(buffer) -> MemoryRegion:
+    if isinstance(buffer, MemoryRegion):
+        return buffer
+    if isinstance(buffer, str) and buffer in _BUFFER_NAMES:
+        return _BUFFER_NAMES[buffer]
+    raise TypeError(f"{buffer!r} is not an NKI buffer (nl.sbuf, nl.psum, nl.hbm, nl.shared_hbm, nl.private_hbm)")
+
+
+def is_hbm(buffer) -> bool:
+    return as_buffer(buffer) in (private_hbm, shared_hbm)
+
+
+def is_on_chip(buffer) -> bool:
+    return as_buffer(buffer) in (sbuf, psum)
+
+
+def is_psum(buffer) -> bool:
+    return as_buffer(buffer) is psum
+
+
+def is_sbuf(buffer) -> bool:
+    return as_buffer(buffer) is sbuf
+
+
+def buffer_label(buffer) -> str:
+    return {sbuf: "SBUF", psum: "PSUM", private_hbm: "HBM", shared_hbm: "shared HBM"}[as_buffer(buffer)]
+
+
+class Storage:
+    """The memory a tensor lives in. ``pbytes`` is the bytes per partition (on chip)."""
+
+    __slots__ = ("id", "buffer", "data", "partitions", "pbytes", "name", "shadow", "__weakref__")
+
+    def __init__(self, buffer, data: np.ndarray, partitions: int, pbytes: int, name: str = ""):
+        program = maybe_current()
+        self.id = program.shared.next_id() if program is not None else id(self)
+        self.buffer = buffer
+        self.data = data
+        self.partitions = partitions
+        self.pbytes = pbytes
+        self.name = name
+        self.shadow = None  # PSUM: matmul accumulation state per element (see isa.nc_matmul)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.size
+
+    def typed(self, dtype: np.dtype) -> np.ndarray:
+        view = _dtypes.storage_view(dtype)
+        usable = self.data.size - self.data.size % view.itemsize
+        return self.data[:usable].view(view)
+
+
+class DynamicSlice:
+    """``nl.ds(start, size)``: a slice of ``size`` elements from ``start``."""
+
+    __slots__ = ("start", "size")
+
+    def __init__(self, start, size):
+        self.start = start
+        self.size = size
+
+    def as_slice(self):
+        return slice(int(self.start), int(self.start) + int(self.size))
+
+    def __repr__(self):
+        return f"nl.ds({self.start}, {self.size})"
+
+
+def ds(start, size):
+    """A dynamic slice: ``t[nl.ds(i, n)]`` is ``t[i:i + n]``."""
+    if not isinstance(start, (int, np.integer)):
+        return DynamicSlice(start, size)
+    return slice(int(start), int(start) + int(size))
+
+
+def _c_strides(shape):
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
+
+
+def _nocopy_reshape(shape, strides, new_shape):
+    """New strides for ``new_shape`` over the same elements without copying, or None."""
+    if math.prod(shape) == 0:
+        return _c_strides(new_shape)
+    dummy = np.lib.stride_tricks.as_strided(np.zeros(1, dtype=np.uint8), shape=shape, strides=strides)
+    try:
+        return np.reshape(dummy, new_shape, copy=False).strides
+    except ValueError:
+        return None
+
+
+class NkiTensor(NKIObject):
+    """NKI tensor with shape-based view operations (``nki.language.NkiTensor``)."""
+
+    def __init__(self, shape, dtype, storage=None, buffer=sbuf, name: str = "", *, strides=None, offset: int = 0,
+                 indirect=None):
+        self._shape = tuple(int(n) for n in shape)
+        self._dtype = _dtypes.as_dtype(dtype)
+        self._storage = storage
+        self._buffer = as_buffer(buffer) if storage is None else storage.buffer
+        self.name = name or (storage.name if storage is not None else "")
+        self._strides = tuple(int(s) for s in strides) if strides is not None else _c_strides(self._shape)
+        self._offset = int(offset)
+        self._indirect = indirect  # None, ("scalar", source, stride) or ("vector", source, stride)
+
+    # -- attributes ------------------------------------------------------------------------
+    shape = property(lambda self: self._shape)
+    strides = property(lambda self: self._strides)
+    offset = property(lambda self: self._offset)
+    dtype = property(lambda self: self._dtype)
+    buffer = property(lambda self: self._buffer)
+    storage = property(lambda self: self._storage)
+    ndim = property(lambda self: len(self._shape))
+    size = property(lambda self: math.prod(self._shape))
+    itemsize = property(lambda self: self._dtype.itemsize)
+
+    @property
+    def on_chip(self) -> bool:
+        return self._buffer in (sbuf, psum)
+
+    @property
+    def partition_stride(self) -> int:
+        """Elements of ``dtype`` per partition of the storage (on chip)."""
+        return self._storage.pbytes // self.itemsize
+
+    def __repr__(self):
+        name = f", name={self.name!r}" if self.name else ""
+        return f"NkiTensor(shape={self._shape}, dtype={_dtypes.name(self._dtype)}, buffer={self._buffer!r}{name})"
+
+    def __len__(self):
+        return self._shape[0]
+
+    def __bool__(self):
+        return True
+
+    def __iter__(self):
+        raise TypeError("an NkiTensor is on-device memory; iterate over range(t.shape[0]) and index it")
+
+    def _view(self, shape, strides, offset, dtype=None, indirect=None, storage=None):
+        t = NkiTensor.__new__(NkiTensor)
+        t._shape = tuple(int(n) for n in shape)
+        t._dtype = self._dtype if dtype is None else dtype
+        t._storage = self._storage if storage is None else storage
+        t._buffer = self._buffer
+        t.name = self.name
+        t._strides = tuple(int(s) for s in strides)
+        t._offset = int(offset)
+        t._indirect = self._indirect if indirect is None else indirect
+        return t
+
+    def _check(self, condition, what, message):
+        if not condition:
+            fail(what, message)
+
+    # -- queries -------------------------------------------------------------------------------
+    def is_contiguous(self) -> bool:
+        dims = range(1, self.ndim) if self.on_chip else range(self.ndim)
+        expected = 1
+        for d in reversed(list(dims)):
+            if self._shape[d] != 1 and self._strides[d] != expected:
+                return False
+            expected *= self._shape[d]
+        return True
+
+    def get_pattern(self):
+        return [[s, n] for s, n in zip(self._strides, self._shape)]
+
+    def is_indirect(self) -> bool:
+        return self._indirect is not None
+
+    # -- indexing ------------------------------------------------------------------------------
+    def __getitem__(self, key):
+        if not isinstance(key, tuple):
+            key = (key,)
+        explicit = sum(1 for k in key if k is not Ellipsis and k is not None)
+        if Ellipsis in key:
+            at = key.index(Ellipsis)
+            key = key[:at] + (slice(None),) * (self.ndim - explicit) + key[at + 1:]
+        if len(key) > self.ndim:
+            fail("NkiTensor.__getitem__", f"{len(key)} indices for a {self.ndim}-D tensor of shape {self._shape}")
+        key = key + (slice(None),) * (self.ndim - len(key))
+        shape, strides, kept, offset = [], [], [], self._offset
+        dropped = None
+        for d, (k, n, s) in enumerate(zip(key, self._shape, self._strides)):
+            if isinstance(k, DynamicSlice):
+                k = k.as_slice()
+            if isinstance(k, slice):
+                start, stop, step = k.indices(n)
+                if step <= 0:
+                    fail("NkiTensor.__getitem__", f"slice step must be positive, got {step}")
+                count = len(range(start, stop, step))
+                offset += start * s if count else 0
+                shape.append(count)
+                strides.append(s * step)
+                kept.append(d)
+            elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+                k = int(k)
+                if k < 0:
+                    k += n
+                if not 0 <= k < n:
+                    fail("NkiTensor.__getitem__", f"index {k} out of range for dimension {d} of size {n} "
+                         f"(shape {self._shape})")
+                offset += k * s
+                if self.on_chip and d == 0:
+                    shape.append(1)
+                    strides.append(s)
+                    kept.append(d)
+                else:
+                    dropped = (d, s)
+            elif isinstance(k, NkiTensor):
+                if any(not (isinstance(o, slice) and o == slice(None)) for i, o in enumerate(key) if i != d):
+                    fail("NkiTensor.__getitem__", "a tensor index must be the only non-':' index (use .select)")
+                return self.select(d, k)
+            else:
+                fail("NkiTensor.__getitem__", f"unsupported index {k!r} (ints, slices, ..., nl.ds(start, size))")
+        minimum = 2 if self.on_chip else 1
+        if len(shape) < minimum and dropped is not None:
+            d, s = dropped
+            at = sum(1 for x in kept if x < d)
+            shape.insert(at, 1)
+            strides.insert(at, s)
+        return self._view(shape, strides, offset)
+
+    def __setitem__(self, key, value):
+        fail("NkiTensor.__setitem__", "tensors are written by instructions (nisa.tensor_copy, nisa.dma_copy, ...), "
+             "not by assignment")
+
+    def slice(self, dim: int, start: int, end: int, step: int = 1) -> "NkiTensor":
+        dim = self._dim(dim, "slice")
+        self._check(0 <= start < end <= self._shape[dim] and step >= 1, "NkiTensor.slice",
+                    f"slice({dim}, {start}, {end}, {step}) outside dimension {dim} of size {self._shape[dim]}")
+        if self._indirect is not None and self._indirect[0] == "vector" and dim == 0:
+            fail("NkiTensor.slice", "cannot slice the indirect dimension of a vector_select view")
+        shape, strides = list(self._shape), list(self._strides)
+        shape[dim] = len(range(start, end, step))
+        strides[dim] *= step
+        return self._view(shape, strides, self._offset + start * self._strides[dim])
+
+    def select(self, dim: int, index) -> "NkiTensor":
+        dim = self._dim(dim, "select")
+        if isinstance(index, (int, np.integer)):
+            self._check(0 <= index < self._shape[dim], "NkiTensor.select",
+                        f"index {index} outside dimension {dim} of size {self._shape[dim]}")
+            shape = self._shape[:dim] + self._shape[dim + 1:]
+            strides = self._strides[:dim] + self._strides[dim + 1:]
+            return self._view(shape, strides, self._offset + int(index) * self._strides[dim])
+        self._check(self._indirect is None, "NkiTensor.select", "only one dynamic select per tensor")
+        self._check(not (self.on_chip and dim == 0), "NkiTensor.select",
+                    "a dynamic select cannot target the partition dimension of an on-chip tensor")
+        shape = self._shape[:dim] + self._shape[dim + 1:]
+        strides = self._strides[:dim] + self._strides[dim + 1:]
+        return self._view(shape, strides, self._offset, indirect=("scalar", index, self._strides[dim]))
+
+    def vector_select(self, dim: int, vector_offset: "NkiTensor") -> "NkiTensor":
+        self._check(dim == 0, "NkiTensor.vector_select", "vector_select indirects dimension 0 only")
+        self._check(is_hbm(self._buffer), "NkiTensor.vector_select", "vector_select is for HBM tensors")
+        self._check(self._indirect is None, "NkiTensor.vector_select", "only one dynamic select per tensor")
+        shape = (vector_offset.shape[0],) + self._shape[1:]
+        return self._view(shape, self._strides, self._offset, indirect=("vector", vector_offset, self._strides[0]))
+
+    def _dim(self, dim, what):
+        if dim < 0:
+            dim += self.ndim
+        self._check(0 <= dim < self.ndim, f"NkiTensor.{what}", f"dimension {dim} out of range for shape {self._shape}")
+        return dim
+
+    # -- shape views -----------------------------------------------------------------------------
+    def permute(self, dims) -> "NkiTensor":
+        dims = tuple(dims)
+        self._check(sorted(dims) == list(range(self.ndim)), "NkiTensor.permute",
+                    f"{dims} is not a permutation of the {self.ndim} dimensions")
+        self._check(not (self.on_chip and dims[0] != 0), "NkiTensor.permute",
+                    "the partition dimension of an on-chip tensor stays first (dims[0] must be 0)")
+        return self._view([self._shape[d] for d in dims], [self._strides[d] for d in dims], self._offset)
+
+    def broadcast(self, dim: int, size: int) -> "NkiTensor":
+        dim = self._dim(dim, "broadcast")
+        self._check(self._shape[dim] == 1, "NkiTensor.broadcast",
+                    f"only a size-1 dimension broadcasts; dimension {dim} has size {self._shape[dim]}")
+        self._check(not (self.on_chip and dim == 0), "NkiTensor.broadcast",
+                    "the partition dimension of an on-chip tensor cannot be broadcast (that moves data across "
+                    "partitions)")
+        shape, strides = list(self._shape), list(self._strides)
+        shape[dim], strides[dim] = int(size), 0
+        return self._view(shape, strides, self._offset)
+
+    def expand_dim(self, dim: int) -> "NkiTensor":
+        if dim < 0:
+            dim += self.ndim + 1
+        self._check(0 <= dim <= self.ndim and not (self.on_chip and dim == 0), "NkiTensor.expand_dim",
+                    f"cannot insert a dimension at {dim} (on chip, the partition dimension stays first)")
+        shape, strides = list(self._shape), list(self._strides)
+        shape.insert(dim, 1)
+        strides.insert(dim, strides[dim] * self._shape[dim] if dim < self.ndim else 1)
+        return self._view(shape, strides, self._offset)
+
+    def squeeze_dim(self, dim: int) -> "NkiTensor":
+        dim = self._dim(dim, "squeeze_dim")
+        self._check(self._shape[dim] == 1, "NkiTensor.squeeze_dim", f"dimension {dim} has size {self._shape[dim]}, not 1")
+        self._check(not (self.on_chip and dim == 0), "NkiTensor.squeeze_dim", "the partition dimension cannot be removed")
+        return self._view(self._shape[:dim] + self._shape[dim + 1:], self._strides[:dim] + self._strides[dim + 1:],
+                          self._offset)
+
+    def reshape_dim(self, dim: int, shape) -> "NkiTensor":
+        dim = self._dim(dim, "reshape_dim")
+        shape = list(shape)
+        if -1 in shape:
+            known = math.prod(n for n in shape if n != -1)
+            shape[shape.index(-1)] = self._shape[dim] // max(known, 1)
+        self._check(math.prod(shape) == self._shape[dim], "NkiTensor.reshape_dim",
+                    f"{tuple(shape)} does not split dimension {dim} of size {self._shape[dim]}")
+        self._check(not (self.on_chip and dim == 0 and len(shape) > 1 and shape[0] != self._shape[0]),
+                    "NkiTensor.reshape_dim", "the partition dimension of an on-chip tensor cannot be split")
+        strides = list(_c_strides(shape))
+        strides = [s * self._strides[dim] for s in strides]
+        return self._view(self._shape[:dim] + tuple(shape) + self._shape[dim + 1:],
+                          self._strides[:dim] + tuple(strides) + self._strides[dim + 1:], self._offset)
+
+    def flatten_dims(self, start_dim: int, end_dim: int) -> "NkiTensor":
+        start_dim, end_dim = self._dim(start_dim, "flatten_dims"), self._dim(end_dim, "flatten_dims")
+        self._check(not (self.on_chip and start_dim == 0), "NkiTensor.flatten_dims",
+                    "the partition dimension of an on-chip tensor cannot be merged")
+        for d in range(start_dim, end_dim):
+            self._check(self._shape[d + 1] == 1 or self._shape[d] == 1
+                        or self._strides[d] == self._strides[d + 1] * self._shape[d + 1],
+                        "NkiTensor.flatten_dims", f"dimensions {start_dim}..{end_dim} are not contiguous "
+                        f"(shape {self._shape}, strides {self._strides})")
+        merged = math.prod(self._shape[start_dim:end_dim + 1])
+        inner = [s for n, s in zip(self._shape[start_dim:end_dim + 1], self._strides[start_dim:end_dim + 1]) if n != 1]
+        return self._view(self._shape[:start_dim] + (merged,) + self._shape[end_dim + 1:],
+                          self._strides[:start_dim] + ((inner[-1] if inner else 1),) + self._strides[end_dim + 1:],
+                          self._offset)
+
+    def reshape(self, shape, *more) -> "NkiTensor":
+        if more or isinstance(shape, (int, np.integer)):
+            shape = (shape,) + more
+        shape = [int(n) for n in shape]
+        if -1 in shape:
+            known = math.prod(n for n in shape if n != -1)
+            shape[shape.index(-1)] = self.size // max(known, 1)
+        self._check(math.prod(shape) == self.size, "NkiTensor.reshape",
+                    f"cannot reshape {self._shape} ({self.size} elements) to {tuple(shape)}")
+        if self.on_chip:
+            self._check(shape[0] == self._shape[0], "NkiTensor.reshape",
+                        f"reshape {self._shape} -> {tuple(shape)} changes the partition dimension of an on-chip "
+                        "tensor (moving data across partitions needs an instruction)")
+            free = _nocopy_reshape(self._shape[1:], self._strides[1:], shape[1:])
+            strides = None if free is None else (self._strides[0],) + tuple(free)
+        else:
+            strides = _nocopy_reshape(self._shape, self._strides, shape)
+        self._check(strides is not None, "NkiTensor.reshape",
+                    f"the layout of this view (shape {self._shape}, strides {self._strides}) cannot be reshaped "
+                    f"to {tuple(shape)} without a copy")
+        return self._view(shape, strides, self._offset)
+
+    def rearrange(self, src_pattern, dst_pattern, fixed_sizes=None) -> "NkiTensor":
+        fixed = dict(fixed_sizes or {})
+        self._check(len(src_pattern) == self.ndim, "NkiTensor.rearrange",
+                    f"pattern {src_pattern} has {len(src_pattern)} groups for a {self.ndim}-D tensor")
+        t, sizes, names = self, {}, []
+        dim = 0
+        for group, n in zip(src_pattern, self._shape):
+            group = (group,) if isinstance(group, str) else tuple(group)
+            if len(group) > 1:
+                unknown = [g for g in group if g not in fixed]
+                known = math.prod(fixed[g] for g in group if g in fixed)
+                split = [fixed.get(g, n // known if len(unknown) == 1 else -1) for g in group]
+                t = t.reshape_dim(dim, split)
+            for g, m in zip(group, t.shape[dim:dim + len(group)]):
+                sizes[g] = m
+                names.append(g)
+            dim += len(group)
+        flat = [g for group in dst_pattern for g in ((group,) if isinstance(group, str) else group)]
+        t = t.permute([names.index(g) for g in flat])
+        dim = 0
+        for group in dst_pattern:
+            group = (group,) if isinstance(group, str) else tuple(group)
+            if len(group) > 1:
+                t = t.flatten_dims(dim, dim + len(group) - 1)
+            dim += 1
+        return t
+
+    def view(self, dtype) -> "NkiTensor":
+        return self._reinterpret(dtype, "view")
+
+    def reinterpret_cast(self, dtype) -> "NkiTensor":
+        return self._reinterpret(dtype, "reinterpret_cast")
+
+    def _reinterpret(self, dtype, what):
+        dtype = _dtypes.as_dtype(dtype)
+        old, new = self.itemsize, dtype.itemsize
+        if old == new:
+            return self._view(self._shape, self._strides, self._offset, dtype=dtype)
+        self._check(self._indirect is None, f"NkiTensor.{what}", "not supported after a dynamic/vector select")
+        self._check(self._strides[-1] == 1, f"NkiTensor.{what}", "the last dimension must be contiguous")
+        if new > old:
+            r = new // old
+            self._check(self._shape[-1] % r == 0 and self._offset % r == 0 and all(s % r == 0 for s in self._strides[:-1]),
+                        f"NkiTensor.{what}", f"last dimension {self._shape[-1]} does not hold whole {_dtypes.name(dtype)} elements")
+            return self._view(self._shape[:-1] + (self._shape[-1] // r,), tuple(s // r for s in self._strides[:-1]) + (1,),
+                              self._offset // r, dtype=dtype)
+        r = old // new
+        return self._view(self._shape[:-1] + (self._shape[-1] * r,), tuple(s * r for s in self._strides[:-1]) + (1,),
+                          self._offset * r, dtype=dtype)
+
+    def ap(self, pattern, offset=None, scalar_offset=None, vector_offset=None, indirect_dim: int = 0, dtype=None):
+        """A raw access pattern ``[[stride, count], ...]`` on the storage (not composable with the
+        view, except that ``offset`` adds to the view's offset). Pattern and offset are in elements
+        of ``dtype`` (default: this tensor's)."""
+        dtype = self._dtype if dtype is None else _dtypes.as_dtype(dtype)
+        pattern = [(int(s), int(n)) for s, n in pattern]
+        base = self._offset * self.itemsize
+        if base % dtype.itemsize:
+            fail("NkiTensor.ap", f"the view's offset {self._offset} is not a whole number of {_dtypes.name(dtype)} elements")
+        new_offset = base // dtype.itemsize + (int(offset) if offset is not None else 0)
+        if self.on_chip and pattern and vector_offset is None:
+            pstride = self._storage.pbytes // dtype.itemsize
+            if pattern[0][0] != pstride and pattern[0][1] > 1:
+                fail("NkiTensor.ap", f"partition stride {pattern[0][0]} must equal the storage's free size "
+                     f"{pstride} elements (every partition performs the same access)")
+        indirect = None
+        if scalar_offset is not None and vector_offset is not None:
+            fail("NkiTensor.ap", "scalar_offset and vector_offset are mutually exclusive")
+        if scalar_offset is not None or vector_offset is not None:
+            if self._indirect is not None:
+                fail("NkiTensor.ap", "this view is already indirect")
+            stride = self._strides[indirect_dim] * self.itemsize // dtype.itemsize if self.ndim else 1
+            indirect = ("scalar", scalar_offset, stride) if scalar_offset is not None else ("vector", vector_offset, stride)
+        t = self._view([n for _, n in pattern], [s for s, _ in pattern], new_offset, dtype=dtype)
+        t._indirect = indirect
+        return t
+
+    def indirect(self, index, num_elem=None):
+        fail("NkiTensor.indirect", "tensor indirection is available on NeuronCore-v4 (Trn3) and later; the simulator "
+             "models NeuronCore-v3 (Trn2)")
+
+    # -- data ----------------------------------------------------------------------------------------
+    def _extent(self):
+        """(first, last) element offsets this view touches (direct views)."""
+        lo = hi = self._offset
+        for n, s in zip(self._shape, self._strides):
+            if n == 0:
+                return self._offset, self._offset - 1
+            if s >= 0:
+                hi += (n - 1) * s
+            else:
+                lo += (n - 1) * s
+        return lo, hi
+
+    def access_rect(self):
+        """(storage id, first partition, end partition, first byte, end byte) this view may
+        touch (bytes within a partition on chip), for the scheduler's dependencies."""
+        storage = self._storage
+        if self._indirect is not None:
+            return (storage.id, 0, max(storage.partitions, 1), 0, storage.pbytes)
+        lo, hi = self._extent()
+        isz = self.itemsize
+        if self.on_chip and storage.pbytes:
+            pstride = storage.pbytes // isz
+            p0 = lo // pstride
+            p1 = hi // pstride + 1
+            if p1 - p0 > 1:
+                f0 = (self._offset % pstride) * isz
+                free = sum((n - 1) * abs(s) for n, s in zip(self._shape[1:], self._strides[1:]))
+                return (storage.id, p0, p1, f0, f0 + (free + 1) * isz)
+            return (storage.id, p0, p1, (lo % pstride) * isz, (hi % pstride + 1) * isz)
+        return (storage.id, 0, 1, lo * isz, (hi + 1) * isz)
+
+    def _scalar_value(self, source) -> int:
+        if hasattr(source, "value") and not isinstance(source, NkiTensor):
+            return int(source.value)
+        values = np.asarray(source.read()).reshape(-1)
+        return int(values[0])
+
+    def flat_index(self, what: str = "access", oob_skip: bool = False):
+        """Element offsets (in ``dtype`` units) of every element, shape ``self.shape``; with
+        ``oob_skip``, also a mask of the rows that are in bounds."""
+        idx = np.full(self._shape, self._offset, dtype=np.int64)
+        for d, (n, s) in enumerate(zip(self._shape, self._strides)):
+            shape = [1] * self.ndim
+            shape[d] = n
+            if self._indirect is not None and self._indirect[0] == "vector" and d == 0:
+                continue
+            idx += (np.arange(n, dtype=np.int64) * s).reshape(shape)
+        total = self._storage.data.size // self.itemsize
+        mask = None
+        if self._indirect is not None:
+            kind, source, stride = self._indirect
+            if kind == "scalar":
+                idx += self._scalar_value(source) * stride
+            else:
+                rows = np.asarray(source.read()).reshape(source.shape[0], -1)[:, 0].astype(np.int64)
+                if rows.shape[0] != self._shape[0]:
+                    fail(what, f"vector_offset has {rows.shape[0]} indices for {self._shape[0]} rows")
+                idx += (rows * stride).reshape([self._shape[0]] + [1] * (self.ndim - 1))
+        if idx.size and (idx.min() < 0 or idx.max() >= total):
+            if oob_skip:
+                flat = idx.reshape(idx.shape[0], -1) if idx.ndim > 1 else idx.reshape(-1, 1)
+                mask = ((flat >= 0) & (flat < total)).all(axis=1)
+                idx = np.where((idx >= 0) & (idx < total), idx, 0)
+            else:
+                fail(what, f"out-of-bounds access: elements [{idx.min()}, {idx.max()}] of a {total}-element "
+                     f"{buffer_label(self._buffer)} storage{self._storage_name()} (view shape {self._shape}, "
+                     f"strides {self._strides}, offset {self._offset})")
+        return (idx, mask) if oob_skip else idx
+
+    def _storage_name(self):
+        return f" '{self._storage.name}'" if self._storage.name else ""
+
+    def _direct(self, what: str) -> np.ndarray:
+        if self._storage is None:
+            fail(what, "this tensor has no storage (a signature placeholder)")
+        lo, hi = self._extent()
+        isz = self.itemsize
+        if lo < 0 or (hi + 1) * isz > self._storage.data.size:
+            fail(what, f"out-of-bounds access: elements [{lo}, {hi}] of a "
+                 f"{self._storage.data.size // isz}-element {buffer_label(self._buffer)} storage{self._storage_name()} "
+                 f"(view shape {self._shape}, strides {self._strides}, offset {self._offset})")
+        if self.on_chip and self.ndim > 1 and self.size:
+            pstride = self._storage.pbytes // isz
+            free_extent = sum((n - 1) * abs(s) for n, s in zip(self._shape[1:], self._strides[1:]))
+            if (self._offset % pstride) + free_extent >= pstride and pstride:
+                fail(what, f"view crosses a partition boundary: free extent {free_extent + 1} elements from element "
+                     f"{self._offset % pstride} of a {pstride}-element partition")
+        return np.ndarray(self._shape, dtype=_dtypes.storage_view(self._dtype), buffer=self._storage.data,
+                          offset=self._offset * isz, strides=tuple(s * isz for s in self._strides))
+
+    def read(self, what: str = "read") -> np.ndarray:
+        """The values (a numpy array of this view's shape; may share memory)."""
+        if self._indirect is not None:
+            return self._storage.typed(self._dtype)[self.flat_index(what)]
+        return self._direct(what)
+
+    def write(self, values, what: str = "write", mask=None):
+        """Store ``values`` (this view's shape or the same number of elements) into the view."""
+        values = np.asarray(values)
+        if values.shape != self._shape:
+            if values.size == self.size:
+                values = values.reshape(self._shape)
+            else:
+                values = np.broadcast_to(values, self._shape)
+        values = _dtypes.cast(values, self._dtype)
+        if self._indirect is not None or mask is not None:
+            if mask is not None:
+                idx, ok = mask
+                self._storage.typed(self._dtype)[idx[ok]] = values[ok]
+            else:
+                self._storage.typed(self._dtype)[self.flat_index(what)] = values
+            return
+        self._direct(what)[...] = values
+
+    def numpy(self) -> np.ndarray:
+        """A copy of the values (host side, after a run)."""
+        return np.array(self.read("numpy"), copy=True)
+
+
+# -- allocation -------------------------------------------------------------------------------------
+
+
+def allocate(shape, dtype, buffer=sbuf, name: str = "", address=None, what: str = "nl.ndarray", fill=True) -> NkiTensor:
+    """A fresh tensor (``nl.ndarray``), counted against the running program's SBUF/PSUM."""
+    program = current(what)
+    if isinstance(shape, (int, np.integer)):
+        shape = (int(shape),)
+    shape = tuple(int(n) for n in shape)
+    dtype = _dtypes.as_dtype(dtype)
+    buffer = as_buffer(buffer)
+    label = f"{name or 'tensor'} {shape} {_dtypes.name(dtype)}"
+    if any(n <= 0 for n in shape) or not shape:
+        fail(what, f"{label}: every dimension must be positive")
+    if buffer in (sbuf, psum):
+        partitions = shape[0]
+        if partitions > 128:
+            fail(what, f"{label}: partition dimension {partitions} exceeds maximum 128 (nl.tile_size.pmax); "
+                 f"{buffer_label(buffer)} has 128 partitions")
+        pbytes = math.prod(shape[1:]) * dtype.itemsize
+        memory = program.sbuf if buffer is sbuf else program.psum
+        ident = memory.allocate(partitions, pbytes, address, f"'{name}' {shape} {_dtypes.name(dtype)}" if name
+                                else f"{shape} {_dtypes.name(dtype)}", what)
+        data = np.empty(partitions * pbytes, dtype=np.uint8)
+        storage = Storage(buffer, data, partitions, pbytes, name)
+        weakref.finalize(storage, memory.release, ident)
+    else:
+        nbytes = math.prod(shape) * dtype.itemsize
+        storage = None
+        if buffer is shared_hbm and program.shared.nprograms > 1:
+            # SPMD: every program's k-th shared_hbm allocation is the same tensor
+            k = program.shared_allocs
+            program.shared_allocs += 1
+            with program.shared.lock:
+                shared = program.shared.shared_hbm
+                if k < len(shared):
+                    storage = shared[k]
+                    if storage.nbytes != nbytes:
+                        fail(what, f"{label}: the programs of this launch allocate different shared_hbm tensors "
+                             f"(allocation {k}: {storage.nbytes} vs {nbytes} bytes)")
+                    fill = False
+                else:
+                    storage = Storage(buffer, np.empty(nbytes, dtype=np.uint8), 1, nbytes, name)
+                    shared.append(storage)
+        if storage is None:
+            storage = Storage(buffer, np.empty(nbytes, dtype=np.uint8), 1, nbytes, name)
+    if fill:
+        storage.typed(dtype)[...] = _dtypes.sentinel(dtype)
+    return NkiTensor(shape, dtype, storage, name=name)
+
+
+def from_numpy(array: np.ndarray, buffer=private_hbm, name: str = "") -> NkiTensor:
+    """An HBM tensor over ``array``'s own memory (writes go to the array)."""
+    dtype = _dtypes.as_dtype(array.dtype)
+    data = array.reshape(-1).view(np.uint8) if array.size else np.empty(0, dtype=np.uint8)
+    storage = Storage(as_buffer(buffer), data, 1, data.size, name)
+    return NkiTensor(array.shape, dtype, storage, name=name)
+
+
+__all__ = ["NKIObject", "NkiTensor", "MemoryRegion", "NkiValidationError", "Storage", "DynamicSlice", "ds",
+           "sbuf", "psum", "hbm", "private_hbm", "shared_hbm", "is_hbm", "is_on_chip", "is_psum", "is_sbuf",
+           "allocate", "from_numpy", "user_frame", "where"]
