@@ -20,10 +20,34 @@ from . import _dtypes
 from ._state import NkiValidationError, current, fail, maybe_current, user_frame, where
 
 
+def _is_classvar(annotation) -> bool:
+    text = annotation if isinstance(annotation, str) else repr(annotation)
+    return "ClassVar" in text
+
+
 class NKIObject:
     """Base class for NKI kernel dataclasses and configuration objects (``nl.NKIObject``).
 
-    In the simulator kernels run as Python, so this is an ordinary base class."""
+    In NKI "all classes are similar to Python data classes": the compiler gives a class an
+    initializer taking its attributes (NKI Language Guide, "Class Support"), annotated or not. So
+    that ``@dataclass`` on an ``NKIObject`` subclass does the same in Python, plain class attributes
+    (``section_idx = None``) are given annotations, and annotated attributes without a value get the
+    default ``None``, when the subclass is created, before the decorator runs; without ``@dataclass``, ``NKIObject(**kwargs)`` sets attributes."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        annotations = cls.__dict__.get("__annotations__")
+        if annotations is None:
+            annotations = {}
+            cls.__annotations__ = annotations
+        for key, value in list(cls.__dict__.items()):
+            if key.startswith("__") or key in annotations or callable(value) or isinstance(
+                    value, (property, classmethod, staticmethod, list, dict, set)):
+                continue
+            annotations[key] = "typing.Any"
+        for key in annotations:  # "x : int" initialises as x=None (the guide's generated __init__)
+            if key not in cls.__dict__ and not key.startswith("__") and not _is_classvar(annotations[key]):
+                setattr(cls, key, None)
 
     def __init__(self, **kwargs):
         for key, value in kwargs.items():

@@ -50,11 +50,23 @@ class matmul_perf_mode(enum.Enum):
 
 
 class nc_version(enum.Enum):
-    """NeuronCore version."""
+    """NeuronCore version (ordered: kernels test ``get_nc_version() >= nc_version.gen3``)."""
 
     gen2 = 2
     gen3 = 3
     gen4 = 4
+
+    def __lt__(self, other):
+        return self.value < other.value if isinstance(other, nc_version) else NotImplemented
+
+    def __le__(self, other):
+        return self.value <= other.value if isinstance(other, nc_version) else NotImplemented
+
+    def __gt__(self, other):
+        return self.value > other.value if isinstance(other, nc_version) else NotImplemented
+
+    def __ge__(self, other):
+        return self.value >= other.value if isinstance(other, nc_version) else NotImplemented
 
 
 class dma_engine(enum.Enum):
