@@ -309,3 +309,20 @@ def test_import_nki_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", "import sys, nki, nki.isa, nki.language; print('torch' in sys.modules)"],
                          capture_output=True, text=True, check=True, cwd="/")
     assert out.stdout.strip() == "False"
+
+
+def test_nki_classes_initialise_every_attribute_as_the_language_guide_says():
+    """NKI gives an NKIObject class an initialiser over its attributes, annotated or not, those
+    without a value defaulting to None (Language Guide, "Class Support"); nki-library relies on it."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Section(nl.NKIObject):
+        index = None
+        offset = 0
+        size: int
+
+    s = Section(index=3, size=7)
+    assert (s.index, s.offset, s.size) == (3, 0, 7)
+    assert Section().size is None
+    assert nisa.get_nc_version() >= nisa.nc_version.gen3 > nisa.nc_version.gen2
