@@ -169,7 +169,8 @@ def cases():
                             "experimental.loss.cross_entropy:cross_entropy_forward",
                             "experimental.loss.cross_entropy_torch:cross_entropy_forward_torch_ref",
                             lambda B=B, T=T, V=V, dtype=dtype, pb=pb, cs=cs: _ce_inputs(B, T, V, dtype, pb, cs),
-                            lnc=lnc, rtol=2e-2, atol=1e-5, ref_kwargs=_ce_ref))
+                            lnc=lnc, rtol=2e-2 if dtype == bf16 else 1e-4, atol=1e-5, ref_kwargs=_ce_ref,
+                            note="tolerance ours (the library's test states none)"))
     for bs, skv, sq, d, scale, dtype, causal, tp_q, tp_out in [(1, 128, 128, 128, 1.0, bf16, True, False, True),
                                                                 (1, 512, 256, 64, 0.5, f32, False, True, False),
                                                                 (2, 384, 384, 128, 0.125, bf16, True, True, False)]:
@@ -180,6 +181,13 @@ def cases():
                             "core.attention.attention_cte_torch:attention_cte_torch_ref",
                             lambda a=(bs, skv, sq, d, scale, dtype, causal, tp_q, tp_out): _attn_cte_inputs(*a),
                             lnc=lnc, rtol=2e-2, atol=1e-5))
+    for bs, heads, s_active, sprior, d, lnc in [(2, 1, 1, 256, 128, 1), (2, 4, 2, 512, 128, 1), (1, 8, 1, 1024, 64, 2)]:
+        out.append(Case(f"attention_tkg bs{bs} heads{heads} s_active{s_active} s_prior{sprior} d{d} lnc{lnc}",
+                        "OURS:attention_tkg_entry", "OURS:attention_tkg_reference",
+                        lambda a=(bs, heads, s_active, sprior, d, bf16, lnc): _attn_tkg_inputs(*a), lnc=lnc,
+                        rtol=1e-2, atol=1e-5,
+                        note="entry: ours (SbufManager, output allocation, then attention_tkg, as the library's test "
+                             "wrapper does); flat KV cache, fused RoPE, mask from the library's build_full_attention_mask"))
     for B, S, H, I, dtype in [(1, 4, 1024, 2048, bf16), (2, 128, 1024, 1024, bf16)]:
         out.append(Case(f"mlp B{B} S{S} H{H} I{I} {np.dtype(dtype).name} (mlp.py entry point)", "core.mlp.mlp:mlp",
                         "OURS:gated_mlp", lambda B=B, S=S, H=H, I=I, dtype=dtype: _mlp_inputs(B, S, H, I, dtype),
@@ -228,6 +236,55 @@ def _attn_cte_inputs(bs, skv, sq, d, scale, dtype, causal, tp_q, tp_out):
     rnd = lambda shape: np.random.random_sample(shape).astype(dtype)  # noqa: E731
     return {"q": rnd((bs, sq, d) if tp_q else (bs, d, sq)), "k": rnd((bs, d, skv)), "v": rnd((bs, skv, d)),
             "scale": scale, "causal_mask": causal, "tp_q": tp_q, "tp_k": False, "tp_out": tp_out}
+
+
+def _attn_tkg_inputs(bs, heads, s_active, sprior, d, dtype, lnc):
+    import torch
+    from nkilib_src.nkilib.core.attention.attention_tkg_utils import AttnTKGConfig
+    from nkilib_src.nkilib.core.attention.gen_mask_tkg_torch import build_full_attention_mask
+
+    cfg = AttnTKGConfig(bs=bs, q_head=heads, s_active=s_active, curr_sprior=sprior, full_sprior=sprior, d_head=d,
+                        block_len=0, tp_k_prior=True, use_pos_id=False, fuse_rope=True)
+    np.random.seed(0)
+    rnd = lambda shape: np.random.random_sample(shape).astype(dtype)  # noqa: E731  (the library's np_random_sample)
+    pos_id = ((np.arange(bs) * 3 + (sprior // 4 * 3)) % (sprior - s_active))[:, None]
+    mask = build_full_attention_mask(cache_lens=torch.from_numpy(pos_id.flatten()).to(torch.float32), batch=bs,
+                                     num_heads=heads, s_active=s_active, s_ctx=sprior, lnc=lnc, block_len=0,
+                                     include_active_mask=True, transposed=True).numpy().astype(np.uint8)
+    return {"q": rnd((bs, heads, s_active, d)), "k_active": rnd((bs, 1, s_active, d)),
+            "v_active": rnd((bs, 1, s_active, d)), "k_prior": rnd((bs, 1, sprior, d)),
+            "v_prior": rnd((bs, 1, sprior, d)), "mask": mask, "cfg": cfg, "lnc": lnc,
+            "inv_freqs": np.random.random(size=(d // 2, 1)).astype(np.float32),
+            "rope_pos_ids": np.broadcast_to(pos_id, (bs, s_active)).astype(np.float32).copy()}
+
+
+def attention_tkg_entry(q, k_active, v_active, k_prior, v_prior, mask, cfg, lnc, inv_freqs, rope_pos_ids):
+    """Our entry: an SbufManager and the output, then the library's attention_tkg (its test wraps it
+    the same way)."""
+    from nkilib_src.nkilib.core.attention.attention_tkg import attention_tkg
+    from nkilib_src.nkilib.core.utils.allocator import SbufManager
+    from nkilib_src.nkilib.core.utils.logging import Logger
+
+    sbm = SbufManager(0, nl.tile_size.total_available_sbuf_size - 16 * 1024, Logger("SBM"))
+    sbm.open_scope()
+    out = nl.ndarray((cfg.bs, cfg.q_head, cfg.d_head, cfg.s_active), dtype=q.dtype, buffer=nl.shared_hbm)
+    k_out = nl.ndarray((cfg.bs, 1, cfg.d_head, cfg.s_active), dtype=q.dtype, buffer=nl.shared_hbm)
+    attn_out, k_out = attention_tkg(q, k_active, v_active, k_prior, v_prior, mask, out, cfg, sbm, inv_freqs=inv_freqs,
+                                    rope_pos_ids=rope_pos_ids, k_out=k_out)
+    sbm.close_scope()
+    return attn_out, k_out
+
+
+def attention_tkg_reference(q, k_active, v_active, k_prior, v_prior, mask, cfg, lnc, inv_freqs, rope_pos_ids):
+    import torch
+    from nkilib_src.nkilib.core.attention.attention_tkg_torch import attention_tkg_torch_ref
+
+    out = torch.zeros((cfg.bs, cfg.q_head, cfg.d_head, cfg.s_active), dtype=torch.float32)
+    k_out = torch.zeros((cfg.bs, 1, cfg.d_head, cfg.s_active), dtype=torch.float32)
+    result, k_result = attention_tkg_torch_ref[lnc](q=q, k_active=k_active, v_active=v_active, k_prior=k_prior,
+                                                    v_prior=v_prior, mask=mask, out=out, cfg=cfg, sbm=None,
+                                                    inv_freqs=inv_freqs, rope_pos_ids=rope_pos_ids, k_out=k_out)
+    return {"out": result, "k_out": k_result}
 
 
 def _mlp_inputs(B, S, H, I, dtype):
@@ -371,7 +428,7 @@ def run_case(case: Case) -> Row:
     if len(got) != len(expected):
         row.why += f"{len(got)} outputs vs {len(expected)} in the reference"
         return row
-    worst = []
+    worst, caveats = [], []
     ok = True
     for i, (g, e) in enumerate(zip(got, expected)):
         g = np.asarray(g).astype(np.float32)
@@ -384,6 +441,11 @@ def run_case(case: Case) -> Row:
         # mode "max"): |a - b| <= atol + rtol * max|b|
         brange = np.nanmax(np.abs(e[np.isfinite(e)])) if np.isfinite(e).any() else 0.0
         close = (np.abs(g.astype(np.float64) - e) <= case.atol + case.rtol * brange) | (np.isnan(g) & np.isnan(e))
+        # the comparison must be able to fail: a shifted reference may not pass it
+        shifted = np.roll(e.reshape(-1), 1).reshape(e.shape)
+        if (np.abs(shifted.astype(np.float64) - e) <= case.atol + case.rtol * brange).all():
+            caveats.append(f"output {i} is within tolerance of a shifted copy of itself (nearly constant values): "
+                           "this comparison is weak")
         if not close.all():
             ok = False
             bad = np.argwhere(~close)[0]
@@ -392,6 +454,8 @@ def run_case(case: Case) -> Row:
     row.equals = "yes" if ok else "no"
     if not ok:
         row.why += "; ".join(worst)[:300]
+    if caveats:
+        row.why += "; ".join(caveats) + "; "
     if ok:
         row.why += f"{len(result.trace)} instructions, {wall:.1f} s wall"
     return row
