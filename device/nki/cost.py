@@ -44,6 +44,10 @@ FIGURES = [
     ("PSUM_FMAX", 512, "fp32 elements", f"{SDK} nki/get-started/about/tiling-overview.rst L97 (fig 3.1)"),
     ("GEMM_STATIONARY_FMAX", 128, "elements", f"{SDK} nki/get-started/about/tiling-overview.rst L98 (fig 3.1)"),
     ("GEMM_MOVING_FMAX", 512, "elements", f"{SDK} nki/get-started/about/tiling-overview.rst L98; isa nc_matmul L612-615 (fig 3.1, 3.2)"),
+    ("ENGINE_SBUF_FMAX", 64 * 1024, "elements", f"{SDK} nki/guides/architecture/trainium_inferentia2_arch.rst L335-338: "
+     "'the free dimension size can be up to 64K elements for SBUF or 4K elements for PSUM' (Vector/Scalar/GpSimd "
+     "instructions; published for NC-v2, assumed for NC-v3) (fig 3.2c)"),
+    ("ENGINE_PSUM_FMAX", 4 * 1024, "elements", f"{SDK} nki/guides/architecture/trainium_inferentia2_arch.rst L335-338 (fig 3.2c)"),
     ("BN_STATS_FMAX", 512, "elements", f"{SDK} nki/api/nki/isa/__init__.py bn_stats: 'must not exceed 512 (nl.tile_size.bn_stats_fmax)'"),
     ("TENSOR_GHZ", 2.4, "GHz", f"{SDK} nki/guides/architecture/trainium2_arch.rst L41-64 (fig 2.1)"),
     ("VECTOR_GHZ", 0.96, "GHz", f"{SDK} nki/guides/architecture/trainium2_arch.rst L41-64 (fig 2.1)"),

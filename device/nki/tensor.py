@@ -679,9 +679,12 @@ def allocate(shape, dtype, buffer=sbuf, name: str = "", address=None, what: str 
                         fail(what, f"{label}: the programs of this launch allocate different shared_hbm tensors "
                              f"(allocation {k}: {storage.nbytes} vs {nbytes} bytes)")
                     fill = False
-                else:
+                else:  # filled here, under the lock: another program may write it as soon as it is listed
                     storage = Storage(buffer, np.empty(nbytes, dtype=np.uint8), 1, nbytes, name)
+                    if fill:
+                        storage.typed(dtype)[...] = _dtypes.sentinel(dtype)
                     shared.append(storage)
+                fill = False
         if storage is None:
             storage = Storage(buffer, np.empty(nbytes, dtype=np.uint8), 1, nbytes, name)
     if fill:

@@ -85,6 +85,14 @@ class _Call:
                       + (f" ({why})" if why else ""))
         if t.on_chip and t.shape[0] > 128:
             self.fail(f"{role} partition dimension {t.shape[0]} exceeds maximum 128 (nl.tile_size.pmax)")
+        if t.on_chip and not self.name.startswith(("dma", "nc_", "register", "sendrecv")):
+            from .. import cost
+
+            limit = cost.ENGINE_PSUM_FMAX if t.buffer is psum else cost.ENGINE_SBUF_FMAX
+            free = math.prod(t.shape[1:])
+            if free > limit:
+                self.fail(f"{role} has {free} elements per partition; an engine instruction reads at most {limit} "
+                          f"from {buffer_label(t.buffer)}")
         if t.dtype in _dtypes.PACKED and self.name not in ("dma_copy", "memset", "tensor_copy"):
             self.fail(f"{role} has the packed MX type {_dtypes.name(t.dtype)}: NeuronCore-v4 only")
         self.operands.append((role, t, write))
