@@ -72,6 +72,7 @@ class Case:
     note: str = ""
     ref_kwargs: callable = None  # inputs -> extra reference kwargs
     standin: bool = False
+    expect_error: str = ""  # the run must fail with this (a capacity check on a real kernel)
     ref_float32: bool = False  # run the reference on the same values upcast to float32 (see the case's note)
 
 
@@ -134,6 +135,16 @@ def cases():
                                 "sin": gaussian((d // 2, B, S), bf16), "lnc_shard": True, "contiguous_layout": c,
                                 "relayout_in_sbuf": r},
                             lnc=lnc, rtol=2 ** -7, atol=1e-3))
+    for bs, qh, kvh, sl, hd, dtype, backward, packed in [(1, 32, 8, 256, 128, bf16, False, False),
+                                                        (1, 32, 8, 256, 128, f32, False, False),
+                                                        (1, 32, 8, 256, 128, f32, True, False),
+                                                        (1, 32, 8, 256, 128, bf16, False, True)]:
+        for lnc in (1, 2):
+            out.append(Case(f"rope_hf bs{bs} qh{qh} kvh{kvh} sl{sl} hd{hd} {np.dtype(dtype).name}"
+                            f"{' backward' if backward else ''}{' rope_cache' if packed else ''} lnc{lnc}",
+                            "core.embeddings.rope_hf:rope_hf", "core.embeddings.rope_hf_torch:rope_hf_torch_ref",
+                            lambda a=(bs, qh, kvh, sl, hd, dtype, backward, packed): _rope_hf_inputs(*a),
+                            lnc=lnc, rtol=1e-6, atol=1e-6))
     for lnc, batch, seqlen, hidden, actual, tp in [(1, 1, 1, 8192, None, False), (1, 1, 4, 2048, 1920, False),
                                                    (1, 1, 1, 4096, 3072, True), (2, 2, 8, 8192, None, False),
                                                    (2, 128, 5, 3072, None, False)]:
@@ -171,6 +182,21 @@ def cases():
                             lambda B=B, T=T, V=V, dtype=dtype, pb=pb, cs=cs: _ce_inputs(B, T, V, dtype, pb, cs),
                             lnc=lnc, rtol=2e-2 if dtype == bf16 else 1e-4, atol=1e-5, ref_kwargs=_ce_ref,
                             note="tolerance ours (the library's test states none)"))
+    for B, T, V, dtype, pb, cs, reduction in [(1, 1, 32128, bf16, 1, 16384, "mean"), (2, 64, 32128, bf16, 64, 16384, "mean"),
+                                              (1, 96, 32128, f32, 64, 8192, "sum")]:
+        for lnc in (1, 2):
+            out.append(Case(f"cross_entropy_backward B{B} T{T} V{V} {np.dtype(dtype).name} {reduction} lnc{lnc}",
+                            "experimental.loss.cross_entropy:cross_entropy_backward", "OURS:ce_backward_reference",
+                            lambda a=(B, T, V, dtype, pb, cs, reduction): _ce_backward_inputs(*a), lnc=lnc,
+                            rtol=2e-2 if dtype == bf16 else 1e-4, atol=1e-5,
+                            note="reference: the library's cross_entropy_backward_torch_ref (the lse input from its "
+                                 "forward reference, as its test does); tolerance ours"))
+    out.append(Case("cross_entropy_backward B2 T64 V32128 bfloat16 PB64 CS32128 (too big: must not fit)",
+                    "experimental.loss.cross_entropy:cross_entropy_backward", "OURS:ce_backward_reference",
+                    lambda: _ce_backward_inputs(2, 64, 32128, bf16, 64, 32128, "mean"), rtol=2e-2, atol=1e-5,
+                    expect_error="SBUF overflow",
+                    note="5 chunk tiles of 32128 elements per partition (64 KiB bf16, 128 KiB fp32 mask) exceed "
+                         "the 224 KiB SBUF partition; the library's tests use CS=16384 for this"))
     for bs, skv, sq, d, scale, dtype, causal, tp_q, tp_out in [(1, 128, 128, 128, 1.0, bf16, True, False, True),
                                                                 (1, 512, 256, 64, 0.5, f32, False, True, False),
                                                                 (2, 384, 384, 128, 0.125, bf16, True, True, False)]:
@@ -229,6 +255,24 @@ def _ce_inputs(B, T, V, dtype, pb, cs):
 def _ce_ref(kwargs):
     import torch
     return {"logits": kwargs["logits_hbm"], "targets": kwargs["targets_hbm"].long()}
+
+
+def _ce_backward_inputs(B, T, V, dtype, pb, cs, reduction):
+    import torch
+    from nkilib_src.nkilib.experimental.loss.cross_entropy_torch import cross_entropy_forward_torch_ref
+
+    inputs = _ce_inputs(B, T, V, dtype, pb, cs)
+    _, lse = cross_entropy_forward_torch_ref(to_torch(inputs["logits_hbm"]),
+                                             torch.from_numpy(inputs["targets_hbm"]).long())
+    inputs["lse_state_hbm"] = lse.float().numpy().astype(dtype)
+    inputs["reduction"] = reduction
+    return inputs
+
+
+def ce_backward_reference(logits_hbm, targets_hbm, lse_state_hbm, reduction, **_):
+    from nkilib_src.nkilib.experimental.loss.cross_entropy_torch import cross_entropy_backward_torch_ref
+
+    return {"grad_logits_hbm": cross_entropy_backward_torch_ref(logits_hbm, targets_hbm.long(), reduction)}
 
 
 def _attn_cte_inputs(bs, skv, sq, d, scale, dtype, causal, tp_q, tp_out):
@@ -327,6 +371,20 @@ def mlp_entry(hidden_tensor, gate_proj_weights_tensor, up_proj_weights_tensor, d
     return [out]
 
 
+def _rope_hf_inputs(bs, qh, kvh, sl, hd, dtype, backward, packed):
+    np.random.seed(42)
+    q = np.random.randn(bs, qh, sl, hd).astype(dtype)
+    k = np.random.randn(bs, kvh, sl, hd).astype(dtype)
+    result = {"q": q, "k": k, "q_out.must_alias_input": np.zeros_like(q), "k_out.must_alias_input": np.zeros_like(k),
+              "backward": backward}
+    if packed:
+        result["rope_cache"] = np.random.randn(sl, hd * 2).astype(dtype)
+    else:
+        result["cos"] = np.random.randn(bs, sl, hd).astype(dtype)
+        result["sin"] = np.random.randn(bs, sl, hd).astype(dtype)
+    return result
+
+
 def _norm_inputs(batch, seqlen, hidden, dtype, options):
     np.random.seed(42)
     return {"input": np.random.randn(batch, seqlen, hidden).astype(dtype),
@@ -400,7 +458,15 @@ def run_case(case: Case) -> Row:
         result = nki.run(target, **kwargs)
         wall = time.perf_counter() - started
     except Exception as error:  # noqa: BLE001
+        if case.expect_error and case.expect_error in str(error):
+            row.runs = "refused, as it must"
+            row.equals = "n/a"
+            row.why += "; " + _short(error)
+            return row
         row.why += "run: " + _short(error)
+        return row
+    if case.expect_error:
+        row.why += f"; expected '{case.expect_error}', but it ran"
         return row
     row.runs = "yes"
     row.time_us = f"{result.time_us:.1f}"
