@@ -29,56 +29,59 @@ import os
 SDK = "aws-neuron/aws-neuron-sdk@81ce03ae"
 SDK_OLD = "aws-neuron/aws-neuron-sdk@1db4d74e nki/api/nki/isa/__init__.py ('Estimated instruction cost')"
 
-#: (name, value, unit, source). One row per constant used below.
-FIGURES = [
-    ("SBUF_BYTES_PER_PARTITION", 224 * 1024, "bytes",
-     f"{SDK} nki/guides/architecture/trainium2_arch.rst L39: 'SBUF capacity is 28MiB (or, 128 partitions of 224KiB)' (fig 2.20)"),
-    ("SBUF_USABLE_BYTES_PER_PARTITION", 224 * 1024 - 16384 - 8, "bytes",
-     "aws-neuron/nki-library@d2ad3a57 core/mlp/mlp_cte/mlp_cte_constants.py L46-47: 224 KiB minus DynamicDMAScratchLoc "
-     "(16384) minus EvalAccelReservedLoc (8) (fig 2.22; the kernel's own 256-byte identity tile not subtracted)"),
-    ("PSUM_BYTES_PER_PARTITION", 16 * 1024, "bytes",
-     f"{SDK} nki/migration/index.rst L1108-1112: '128 partitions, each consisting of 16KB' (fig 2.24)"),
-    ("PSUM_BANK_BYTES", 2 * 1024, "bytes",
-     f"{SDK} nki/migration/index.rst L1108-1112: '8 PSUM banks, with each bank holding up to 2KB'; allocations start at a bank (fig 2.24)"),
-    ("PMAX", 128, "partitions", f"{SDK} nki/get-started/about/tiling-overview.rst L96 (fig 3.1)"),
-    ("PSUM_FMAX", 512, "fp32 elements", f"{SDK} nki/get-started/about/tiling-overview.rst L97 (fig 3.1)"),
-    ("GEMM_STATIONARY_FMAX", 128, "elements", f"{SDK} nki/get-started/about/tiling-overview.rst L98 (fig 3.1)"),
-    ("GEMM_MOVING_FMAX", 512, "elements", f"{SDK} nki/get-started/about/tiling-overview.rst L98; isa nc_matmul L612-615 (fig 3.1, 3.2)"),
-    ("ENGINE_SBUF_FMAX", 64 * 1024, "elements", f"{SDK} nki/guides/architecture/trainium_inferentia2_arch.rst L335-338: "
-     "'the free dimension size can be up to 64K elements for SBUF or 4K elements for PSUM' (Vector/Scalar/GpSimd "
-     "instructions; published for NC-v2, assumed for NC-v3) (fig 3.2c)"),
-    ("ENGINE_PSUM_FMAX", 4 * 1024, "elements", f"{SDK} nki/guides/architecture/trainium_inferentia2_arch.rst L335-338 (fig 3.2c)"),
-    ("BN_STATS_FMAX", 512, "elements", f"{SDK} nki/api/nki/isa/__init__.py bn_stats: 'must not exceed 512 (nl.tile_size.bn_stats_fmax)'"),
-    ("TENSOR_GHZ", 2.4, "GHz", f"{SDK} nki/guides/architecture/trainium2_arch.rst L41-64 (fig 2.1)"),
-    ("VECTOR_GHZ", 0.96, "GHz", f"{SDK} nki/guides/architecture/trainium2_arch.rst L41-64 (fig 2.1)"),
-    ("SCALAR_GHZ", 1.2, "GHz", f"{SDK} nki/guides/architecture/trainium2_arch.rst L41-64 (fig 2.1)"),
-    ("GPSIMD_GHZ", 1.2, "GHz", f"{SDK} nki/guides/architecture/trainium2_arch.rst L41-64 (fig 2.1)"),
-    ("SYNC_GHZ", 1.2, "GHz", f"{SDK} tools/neuron-explorer/profile-schema-reference.rst L3368: 'Trainium2 is 1.2 GHz' "
-     "NeuronCore base clock (fig 2.2); the Sync engine's own clock is not published (assumption)"),
-    ("MIN_II", 64, "engine cycles", f"{SDK_OLD}: 'MIN_II is roughly 64 engine cycles' (no generation given; fig 3.12ff)"),
-    ("MM_INIT_LATENCY", 64, "TensorE cycles", f"{SDK_OLD} nc_matmul L897-916: max(min(64, N_stationary), N_moving) (fig 3.10)"),
-    ("FP32_MATMUL_FACTOR", 4.0, "x", f"{SDK} tools/neuron-explorer/profile-schema-reference.rst L2126: 'FP32 uses 4.0x' (fig 2.8)"),
-    ("FP8_DOUBLE_ROW_FACTOR", 0.5, "x", f"{SDK} tools/neuron-explorer/profile-schema-reference.rst L2126: 'FP8 ... 0.5x on Trn2' (fig 2.8)"),
-    ("VECTOR_PERF_MODE_4X", 4.0, "x", f"{SDK} nki/guides/architecture/trainium2_arch.rst L222-240: tensor_copy/tensor_scalar, "
-     "SBUF->SBUF, BF16/FP16, contiguous innermost: 4x (fig 2.13)"),
-    ("VECTOR_PERF_MODE_2X", 2.0, "x", f"{SDK} nki/guides/architecture/trainium2_arch.rst L222-240: the other BF16/FP16 cases (fig 2.13)"),
-    ("GPSIMD_START", 150, "GpSimd cycles", f"{SDK_OLD} iota/affine_select L565-567: 'GPSIMD_START ... roughly 150 engine cycles' (fig 3.26)"),
-    ("DMA_ENGINES", 16, "engines", f"{SDK} nki/get-started/about/nki-dma-overview.rst L7: 'paired with 16 DMA engines' (fig 2.28)"),
-    ("DMA_PARTITIONS_PER_ENGINE", 8, "partitions", f"{SDK} nki/get-started/about/nki-dma-overview.rst L34: 'eight SBUF partitions (128 partitions / 16 DMA engines)' (fig 2.32)"),
-    ("DMA_BYTES_PER_NS_PER_ENGINE", 23.0, "B/ns", f"{SDK} nki/get-started/about/nki-dma-overview.rst L46-63: 'Trainium2 - 23 B/ns - 16 - 368 GB/s' (fig 2.29)"),
-    ("DMA_LATENCY_NS", 1300.0, "ns", f"{SDK} nki/deep-dives/nki-dma-bandwidth-guide.rst L39-41: 'semaphore-to-start latency (~1300 ns cross-engine)' (fig 2.34)"),
-    ("DMA_TRANSPOSE_EFFICIENCY_HBM", 0.9, "x", f"{SDK} nki/guides/architecture/trainium2_arch.rst L321: 'up to 90% DMA throughput' (fig 2.37)"),
-    ("DMA_TRANSPOSE_EFFICIENCY_SBUF", 0.5, "x", f"{SDK} nki/guides/architecture/trainium2_arch.rst L340: 'up to 50%' (fig 2.37)"),
-    ("LAUNCH_US", float(os.environ.get("NEURON_SIM_LAUNCH_US", 10.0)), "us",
-     "ASSUMPTION, the same as device/cost_model.py's launch_overhead_us (NEURON_SIM_LAUNCH_US): no per-launch runtime "
-     "overhead is published (fig 'Not published')"),
-]
+#: (name, value, unit, source): one row per constant below, each with its source.
+FIGURES: list[tuple[str, float, str, str]] = []
 
-for _name, _value, _unit, _source in FIGURES:
-    globals()[_name] = _value
 
-ENGINE_GHZ = {"TensorE": TENSOR_GHZ, "VectorE": VECTOR_GHZ, "ScalarE": SCALAR_GHZ, "GpSimd": GPSIMD_GHZ,  # noqa: F821
-              "Sync": SYNC_GHZ}  # noqa: F821
+def _figure(name, value, unit, source):
+    FIGURES.append((name, value, unit, source))
+    return value
+
+
+SBUF_BYTES_PER_PARTITION = _figure("SBUF_BYTES_PER_PARTITION", 224 * 1024, "bytes",
+    f"{SDK} nki/guides/architecture/trainium2_arch.rst L39: 'SBUF capacity is 28MiB (or, 128 partitions of 224KiB)' (fig 2.20)")
+SBUF_USABLE_BYTES_PER_PARTITION = _figure("SBUF_USABLE_BYTES_PER_PARTITION", 224 * 1024 - 16384 - 8, "bytes",
+    "aws-neuron/nki-library@d2ad3a57 core/mlp/mlp_cte/mlp_cte_constants.py L46-47: 224 KiB minus DynamicDMAScratchLoc "
+    "(16384) minus EvalAccelReservedLoc (8) (fig 2.22; the kernel's own 256-byte identity tile not subtracted)")
+PSUM_BYTES_PER_PARTITION = _figure("PSUM_BYTES_PER_PARTITION", 16 * 1024, "bytes",
+    f"{SDK} nki/migration/index.rst L1108-1112: '128 partitions, each consisting of 16KB' (fig 2.24)")
+PSUM_BANK_BYTES = _figure("PSUM_BANK_BYTES", 2 * 1024, "bytes",
+    f"{SDK} nki/migration/index.rst L1108-1112: '8 PSUM banks, with each bank holding up to 2KB'; allocations start at a bank (fig 2.24)")
+PMAX = _figure("PMAX", 128, "partitions", f"{SDK} nki/get-started/about/tiling-overview.rst L96 (fig 3.1)")
+PSUM_FMAX = _figure("PSUM_FMAX", 512, "fp32 elements", f"{SDK} nki/get-started/about/tiling-overview.rst L97 (fig 3.1)")
+GEMM_STATIONARY_FMAX = _figure("GEMM_STATIONARY_FMAX", 128, "elements", f"{SDK} nki/get-started/about/tiling-overview.rst L98 (fig 3.1)")
+GEMM_MOVING_FMAX = _figure("GEMM_MOVING_FMAX", 512, "elements", f"{SDK} nki/get-started/about/tiling-overview.rst L98; isa nc_matmul L612-615 (fig 3.1, 3.2)")
+ENGINE_SBUF_FMAX = _figure("ENGINE_SBUF_FMAX", 64 * 1024, "elements", f"{SDK} nki/guides/architecture/trainium_inferentia2_arch.rst L335-338: "
+    "'the free dimension size can be up to 64K elements for SBUF or 4K elements for PSUM' (Vector/Scalar/GpSimd "
+    "instructions; published for NC-v2, assumed for NC-v3) (fig 3.2c)")
+ENGINE_PSUM_FMAX = _figure("ENGINE_PSUM_FMAX", 4 * 1024, "elements", f"{SDK} nki/guides/architecture/trainium_inferentia2_arch.rst L335-338 (fig 3.2c)")
+BN_STATS_FMAX = _figure("BN_STATS_FMAX", 512, "elements", f"{SDK} nki/api/nki/isa/__init__.py bn_stats: 'must not exceed 512 (nl.tile_size.bn_stats_fmax)'")
+TENSOR_GHZ = _figure("TENSOR_GHZ", 2.4, "GHz", f"{SDK} nki/guides/architecture/trainium2_arch.rst L41-64 (fig 2.1)")
+VECTOR_GHZ = _figure("VECTOR_GHZ", 0.96, "GHz", f"{SDK} nki/guides/architecture/trainium2_arch.rst L41-64 (fig 2.1)")
+SCALAR_GHZ = _figure("SCALAR_GHZ", 1.2, "GHz", f"{SDK} nki/guides/architecture/trainium2_arch.rst L41-64 (fig 2.1)")
+GPSIMD_GHZ = _figure("GPSIMD_GHZ", 1.2, "GHz", f"{SDK} nki/guides/architecture/trainium2_arch.rst L41-64 (fig 2.1)")
+SYNC_GHZ = _figure("SYNC_GHZ", 1.2, "GHz", f"{SDK} tools/neuron-explorer/profile-schema-reference.rst L3368: 'Trainium2 is 1.2 GHz' "
+    "NeuronCore base clock (fig 2.2); the Sync engine's own clock is not published (assumption)")
+MIN_II = _figure("MIN_II", 64, "engine cycles", f"{SDK_OLD}: 'MIN_II is roughly 64 engine cycles' (no generation given; fig 3.12ff)")
+MM_INIT_LATENCY = _figure("MM_INIT_LATENCY", 64, "TensorE cycles", f"{SDK_OLD} nc_matmul L897-916: max(min(64, N_stationary), N_moving) (fig 3.10)")
+FP32_MATMUL_FACTOR = _figure("FP32_MATMUL_FACTOR", 4.0, "x", f"{SDK} tools/neuron-explorer/profile-schema-reference.rst L2126: 'FP32 uses 4.0x' (fig 2.8)")
+FP8_DOUBLE_ROW_FACTOR = _figure("FP8_DOUBLE_ROW_FACTOR", 0.5, "x", f"{SDK} tools/neuron-explorer/profile-schema-reference.rst L2126: 'FP8 ... 0.5x on Trn2' (fig 2.8)")
+VECTOR_PERF_MODE_4X = _figure("VECTOR_PERF_MODE_4X", 4.0, "x", f"{SDK} nki/guides/architecture/trainium2_arch.rst L222-240: tensor_copy/tensor_scalar, "
+    "SBUF->SBUF, BF16/FP16, contiguous innermost: 4x (fig 2.13)")
+VECTOR_PERF_MODE_2X = _figure("VECTOR_PERF_MODE_2X", 2.0, "x", f"{SDK} nki/guides/architecture/trainium2_arch.rst L222-240: the other BF16/FP16 cases (fig 2.13)")
+GPSIMD_START = _figure("GPSIMD_START", 150, "GpSimd cycles", f"{SDK_OLD} iota/affine_select L565-567: 'GPSIMD_START ... roughly 150 engine cycles' (fig 3.26)")
+DMA_ENGINES = _figure("DMA_ENGINES", 16, "engines", f"{SDK} nki/get-started/about/nki-dma-overview.rst L7: 'paired with 16 DMA engines' (fig 2.28)")
+DMA_PARTITIONS_PER_ENGINE = _figure("DMA_PARTITIONS_PER_ENGINE", 8, "partitions", f"{SDK} nki/get-started/about/nki-dma-overview.rst L34: 'eight SBUF partitions (128 partitions / 16 DMA engines)' (fig 2.32)")
+DMA_BYTES_PER_NS_PER_ENGINE = _figure("DMA_BYTES_PER_NS_PER_ENGINE", 23.0, "B/ns", f"{SDK} nki/get-started/about/nki-dma-overview.rst L46-63: 'Trainium2 - 23 B/ns - 16 - 368 GB/s' (fig 2.29)")
+DMA_LATENCY_NS = _figure("DMA_LATENCY_NS", 1300.0, "ns", f"{SDK} nki/deep-dives/nki-dma-bandwidth-guide.rst L39-41: 'semaphore-to-start latency (~1300 ns cross-engine)' (fig 2.34)")
+DMA_TRANSPOSE_EFFICIENCY_HBM = _figure("DMA_TRANSPOSE_EFFICIENCY_HBM", 0.9, "x", f"{SDK} nki/guides/architecture/trainium2_arch.rst L321: 'up to 90% DMA throughput' (fig 2.37)")
+DMA_TRANSPOSE_EFFICIENCY_SBUF = _figure("DMA_TRANSPOSE_EFFICIENCY_SBUF", 0.5, "x", f"{SDK} nki/guides/architecture/trainium2_arch.rst L340: 'up to 50%' (fig 2.37)")
+LAUNCH_US = _figure("LAUNCH_US", float(os.environ.get("NEURON_SIM_LAUNCH_US", 10.0)), "us",
+    "ASSUMPTION, the same as device/cost_model.py's launch_overhead_us (NEURON_SIM_LAUNCH_US): no per-launch runtime "
+    "overhead is published (fig 'Not published')")
+
+ENGINE_GHZ = {"TensorE": TENSOR_GHZ, "VectorE": VECTOR_GHZ, "ScalarE": SCALAR_GHZ, "GpSimd": GPSIMD_GHZ,
+              "Sync": SYNC_GHZ}
 ENGINES = ("TensorE", "VectorE", "ScalarE", "GpSimd", "DMA", "Sync")
 
 
@@ -91,16 +94,16 @@ def instruction_cycles(ins) -> float:
     n = max(1, ins.elements)
     name = ins.name
     info = ins.info
-    min_ii = MIN_II  # noqa: F821
+    min_ii = MIN_II
     if name in ("nc_matmul", "nc_transpose") and ins.engine == "TensorE":
         if name == "nc_transpose":
             p, f = info.get("P", n), info.get("F", n)
             return max(p, min(64, f))
-        cycles = max(min(MM_INIT_LATENCY, info.get("N_stationary", 128)), info.get("N_moving", n))  # noqa: F821
+        cycles = max(min(MM_INIT_LATENCY, info.get("N_stationary", 128)), info.get("N_moving", n))
         if info.get("fp32"):
-            cycles *= FP32_MATMUL_FACTOR  # noqa: F821
+            cycles *= FP32_MATMUL_FACTOR
         elif info.get("double_row"):
-            cycles *= FP8_DOUBLE_ROW_FACTOR  # noqa: F821
+            cycles *= FP8_DOUBLE_ROW_FACTOR
         return cycles
     if name == "nc_transpose":
         return max(min_ii, n)
@@ -114,9 +117,9 @@ def instruction_cycles(ins) -> float:
         cycles = n
         if ins.engine == "VectorE" and _bf16ish(ins.dtypes):
             if info.get("all_sbuf") and info.get("contiguous"):
-                cycles = n / VECTOR_PERF_MODE_4X  # noqa: F821
+                cycles = n / VECTOR_PERF_MODE_4X
             else:
-                cycles = n / VECTOR_PERF_MODE_2X  # noqa: F821
+                cycles = n / VECTOR_PERF_MODE_2X
         return max(min_ii, cycles)
     if name in ("tensor_scalar_reduce", "select_reduce", "tensor_scalar_cumulative"):
         return max(min_ii, n) + min_ii
@@ -131,7 +134,7 @@ def instruction_cycles(ins) -> float:
         zero16 = info.get("zero") and _bf16ish(ins.dtypes[:1])
         return max(min_ii, n / 2 if zero16 else n)
     if name in ("iota", "affine_select"):
-        return GPSIMD_START + n  # noqa: F821
+        return GPSIMD_START + n
     if name in ("max8", "nc_find_index8"):
         return n
     if name == "nc_match_replace8":
@@ -148,9 +151,9 @@ def instruction_cycles(ins) -> float:
     if name == "topk":
         return 4 * info.get("n", n) + info.get("k", 8)
     if name in ("local_gather", "nc_n_gather"):
-        return GPSIMD_START + n  # noqa: F821  (simplified: one element per cycle after the start)
+        return GPSIMD_START + n  # simplified: one element per cycle after the start
     if ins.engine == "GpSimd":
-        return GPSIMD_START + n  # noqa: F821  (assumption for GpSimd instructions without a formula)
+        return GPSIMD_START + n  # assumption for GpSimd instructions without a formula
     if ins.engine == "Sync":
         return min_ii  # register moves, barriers: assumption
     return max(min_ii, n)  # dropout, nc_stream_shuffle, range_select, ... (SDK_OLD max(MIN_II, N))
@@ -158,16 +161,16 @@ def instruction_cycles(ins) -> float:
 
 def dma_engines_used(ins) -> int:
     rows = max(1, ins.info.get("rows", ins.partitions))
-    return max(1, min(DMA_ENGINES, math.ceil(rows / DMA_PARTITIONS_PER_ENGINE)))  # noqa: F821
+    return max(1, min(DMA_ENGINES, math.ceil(rows / DMA_PARTITIONS_PER_ENGINE)))
 
 
 def instruction_cost(ins) -> tuple[float, float]:
     """(occupancy ns, extra latency ns) of one instruction on its engine."""
     if ins.engine == "DMA":
         engines = dma_engines_used(ins)
-        bandwidth = engines * DMA_BYTES_PER_NS_PER_ENGINE  # noqa: F821
+        bandwidth = engines * DMA_BYTES_PER_NS_PER_ENGINE
         efficiency = ins.info.get("efficiency", 1.0)
-        return ins.bytes / (bandwidth * efficiency), DMA_LATENCY_NS  # noqa: F821
+        return ins.bytes / (bandwidth * efficiency), DMA_LATENCY_NS
     return instruction_cycles(ins) / ENGINE_GHZ[ins.engine], 0.0
 
 
@@ -236,7 +239,7 @@ def schedule(trace, launch: bool = True) -> Schedule:
     device_end = 0.0
     for _, instructions in sorted(programs.items()):
         free = {e: 0.0 for e in ENGINES if e != "DMA"}
-        dma = [0.0] * DMA_ENGINES  # noqa: F821
+        dma = [0.0] * DMA_ENGINES
         deps = _Deps()
         for ins in instructions:
             occupancy, latency = instruction_cost(ins)
@@ -257,7 +260,7 @@ def schedule(trace, launch: bool = True) -> Schedule:
             count[ins.engine] += 1
             device_end = max(device_end, end)
     critical = max(busy, key=busy.get) if trace else "none"
-    return Schedule(device_end, LAUNCH_US * 1000.0 if launch else 0.0, busy, count, critical)  # noqa: F821
+    return Schedule(device_end, LAUNCH_US * 1000.0 if launch else 0.0, busy, count, critical)
 
 
 def figures_table() -> str:

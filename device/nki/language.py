@@ -30,27 +30,27 @@ bool = bool_  # noqa: A001  (``nl.bool`` in older kernels)
 class _TileSize(NKIObject):
     """Hardware tile size constants of NeuronCore-v3 (``nl.tile_size``)."""
 
-    pmax = _cost.PMAX  # noqa
-    psum_fmax = _cost.PSUM_FMAX  # noqa
-    psum_bank_fmax = _cost.PSUM_FMAX  # noqa
-    psum_bank_fmax_bytes = _cost.PSUM_BANK_BYTES  # noqa
-    gemm_stationary_fmax = _cost.GEMM_STATIONARY_FMAX  # noqa
-    gemm_moving_fmax = _cost.GEMM_MOVING_FMAX  # noqa
-    bn_stats_fmax = _cost.BN_STATS_FMAX  # noqa
+    pmax = _cost.PMAX
+    psum_fmax = _cost.PSUM_FMAX
+    psum_bank_fmax = _cost.PSUM_FMAX
+    psum_bank_fmax_bytes = _cost.PSUM_BANK_BYTES
+    gemm_stationary_fmax = _cost.GEMM_STATIONARY_FMAX
+    gemm_moving_fmax = _cost.GEMM_MOVING_FMAX
+    bn_stats_fmax = _cost.BN_STATS_FMAX
     psum_min_align = 4  # assumption: one float32 (not published)
     sbuf_min_align = 1  # assumption (not published)
 
     @property
     def psum_num_banks(self) -> int:
-        return _cost.PSUM_BYTES_PER_PARTITION // _cost.PSUM_BANK_BYTES  # noqa
+        return _cost.PSUM_BYTES_PER_PARTITION // _cost.PSUM_BANK_BYTES
 
     @property
     def sbuf_size_bytes(self) -> int:
-        return 128 * _cost.SBUF_BYTES_PER_PARTITION  # noqa
+        return 128 * _cost.SBUF_BYTES_PER_PARTITION
 
     @property
     def sbuf_fmax_bytes(self) -> int:
-        return _cost.SBUF_USABLE_BYTES_PER_PARTITION  # noqa
+        return _cost.SBUF_USABLE_BYTES_PER_PARTITION
 
     @property
     def sbuf_fmax(self) -> int:
@@ -58,7 +58,7 @@ class _TileSize(NKIObject):
 
     @property
     def total_available_sbuf_size(self) -> int:
-        return _cost.SBUF_USABLE_BYTES_PER_PARTITION  # noqa
+        return _cost.SBUF_USABLE_BYTES_PER_PARTITION
 
 
 tile_size = _TileSize()

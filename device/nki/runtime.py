@@ -25,7 +25,7 @@ import numpy as np
 from . import _dtypes
 from . import cost as _cost
 from ._state import NkiValidationError, Program, Shared, set_current, trim_traceback
-from .tensor import NkiTensor, Storage, from_numpy, private_hbm, shared_hbm
+from .tensor import NkiTensor, from_numpy, private_hbm, shared_hbm
 
 
 class Kernel:

@@ -10,14 +10,15 @@ addresses depend on an index read when an instruction uses them.
 """
 from __future__ import annotations
 
-import enum
 import math
-import weakref
 
 import numpy as np
 
 from . import _dtypes
-from ._state import NkiValidationError, current, fail, maybe_current, user_frame, where
+from ._access import TensorAccess
+from ._state import NkiValidationError, fail, user_frame, where  # noqa: F401  (re-exported)
+from .memory import (MemoryRegion, Storage, allocate, as_buffer, buffer_label, from_numpy, hbm,  # noqa: F401
+                     is_hbm, is_on_chip, is_psum, is_sbuf, private_hbm, psum, sbuf, shared_hbm)
 
 
 def _is_classvar(annotation) -> bool:
@@ -52,83 +53,6 @@ class NKIObject:
     def __init__(self, **kwargs):
         for key, value in kwargs.items():
             setattr(self, key, value)
-
-
-class MemoryRegion(enum.Enum):
-    """Memory region constants for NKI tensors."""
-
-    sbuf = "sbuf"
-    psum = "psum"
-    private_hbm = "private_hbm"
-    shared_hbm = "shared_hbm"
-
-    def __repr__(self):
-        return f"nl.{self.value}"
-
-    __str__ = __repr__
-
-
-sbuf = MemoryRegion.sbuf
-psum = MemoryRegion.psum
-private_hbm = MemoryRegion.private_hbm
-shared_hbm = MemoryRegion.shared_hbm
-hbm = private_hbm  # "HBM - Alias of private_hbm"
-
-_BUFFER_NAMES = {"sbuf": sbuf, "psum": psum, "hbm": private_hbm, "private_hbm": private_hbm,
-                 "shared_hbm": shared_hbm}
-
-
-def as_buffer(buffer) -> MemoryRegion:
-    if isinstance(buffer, MemoryRegion):
-        return buffer
-    if isinstance(buffer, str) and buffer in _BUFFER_NAMES:
-        return _BUFFER_NAMES[buffer]
-    raise TypeError(f"{buffer!r} is not an NKI buffer (nl.sbuf, nl.psum, nl.hbm, nl.shared_hbm, nl.private_hbm)")
-
-
-def is_hbm(buffer) -> bool:
-    return as_buffer(buffer) in (private_hbm, shared_hbm)
-
-
-def is_on_chip(buffer) -> bool:
-    return as_buffer(buffer) in (sbuf, psum)
-
-
-def is_psum(buffer) -> bool:
-    return as_buffer(buffer) is psum
-
-
-def is_sbuf(buffer) -> bool:
-    return as_buffer(buffer) is sbuf
-
-
-def buffer_label(buffer) -> str:
-    return {sbuf: "SBUF", psum: "PSUM", private_hbm: "HBM", shared_hbm: "shared HBM"}[as_buffer(buffer)]
-
-
-class Storage:
-    """The memory a tensor lives in. ``pbytes`` is the bytes per partition (on chip)."""
-
-    __slots__ = ("id", "buffer", "data", "partitions", "pbytes", "name", "shadow", "__weakref__")
-
-    def __init__(self, buffer, data: np.ndarray, partitions: int, pbytes: int, name: str = ""):
-        program = maybe_current()
-        self.id = program.shared.next_id() if program is not None else id(self)
-        self.buffer = buffer
-        self.data = data
-        self.partitions = partitions
-        self.pbytes = pbytes
-        self.name = name
-        self.shadow = None  # PSUM: matmul accumulation state per element (see isa.nc_matmul)
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.size
-
-    def typed(self, dtype: np.dtype) -> np.ndarray:
-        view = _dtypes.storage_view(dtype)
-        usable = self.data.size - self.data.size % view.itemsize
-        return self.data[:usable].view(view)
 
 
 class DynamicSlice:
@@ -173,7 +97,7 @@ def _nocopy_reshape(shape, strides, new_shape):
         return None
 
 
-class NkiTensor(NKIObject):
+class NkiTensor(TensorAccess, NKIObject):
     """NKI tensor with shape-based view operations (``nki.language.NkiTensor``)."""
 
     def __init__(self, shape, dtype, storage=None, buffer=sbuf, name: str = "", *, strides=None, offset: int = 0,
@@ -517,188 +441,6 @@ class NkiTensor(NKIObject):
     def indirect(self, index, num_elem=None):
         fail("NkiTensor.indirect", "tensor indirection is available on NeuronCore-v4 (Trn3) and later; the simulator "
              "models NeuronCore-v3 (Trn2)")
-
-    # -- data ----------------------------------------------------------------------------------------
-    def _extent(self):
-        """(first, last) element offsets this view touches (direct views)."""
-        lo = hi = self._offset
-        for n, s in zip(self._shape, self._strides):
-            if n == 0:
-                return self._offset, self._offset - 1
-            if s >= 0:
-                hi += (n - 1) * s
-            else:
-                lo += (n - 1) * s
-        return lo, hi
-
-    def access_rect(self):
-        """(storage id, first partition, end partition, first byte, end byte) this view may
-        touch (bytes within a partition on chip), for the scheduler's dependencies."""
-        storage = self._storage
-        if self._indirect is not None:
-            return (storage.id, 0, max(storage.partitions, 1), 0, storage.pbytes)
-        lo, hi = self._extent()
-        isz = self.itemsize
-        if self.on_chip and storage.pbytes:
-            pstride = storage.pbytes // isz
-            p0 = lo // pstride
-            p1 = hi // pstride + 1
-            if p1 - p0 > 1:
-                f0 = (self._offset % pstride) * isz
-                free = sum((n - 1) * abs(s) for n, s in zip(self._shape[1:], self._strides[1:]))
-                return (storage.id, p0, p1, f0, f0 + (free + 1) * isz)
-            return (storage.id, p0, p1, (lo % pstride) * isz, (hi % pstride + 1) * isz)
-        return (storage.id, 0, 1, lo * isz, (hi + 1) * isz)
-
-    def _scalar_value(self, source) -> int:
-        if hasattr(source, "value") and not isinstance(source, NkiTensor):
-            return int(source.value)
-        values = np.asarray(source.read()).reshape(-1)
-        return int(values[0])
-
-    def flat_index(self, what: str = "access", oob_skip: bool = False):
-        """Element offsets (in ``dtype`` units) of every element, shape ``self.shape``; with
-        ``oob_skip``, also a mask of the rows that are in bounds."""
-        idx = np.full(self._shape, self._offset, dtype=np.int64)
-        for d, (n, s) in enumerate(zip(self._shape, self._strides)):
-            shape = [1] * self.ndim
-            shape[d] = n
-            if self._indirect is not None and self._indirect[0] == "vector" and d == 0:
-                continue
-            idx += (np.arange(n, dtype=np.int64) * s).reshape(shape)
-        total = self._storage.data.size // self.itemsize
-        mask = None
-        if self._indirect is not None:
-            kind, source, stride = self._indirect
-            if kind == "scalar":
-                idx += self._scalar_value(source) * stride
-            else:
-                rows = np.asarray(source.read()).reshape(source.shape[0], -1)[:, 0].astype(np.int64)
-                if rows.shape[0] != self._shape[0]:
-                    fail(what, f"vector_offset has {rows.shape[0]} indices for {self._shape[0]} rows")
-                idx += (rows * stride).reshape([self._shape[0]] + [1] * (self.ndim - 1))
-        if idx.size and (idx.min() < 0 or idx.max() >= total):
-            if oob_skip:
-                flat = idx.reshape(idx.shape[0], -1) if idx.ndim > 1 else idx.reshape(-1, 1)
-                mask = ((flat >= 0) & (flat < total)).all(axis=1)
-                idx = np.where((idx >= 0) & (idx < total), idx, 0)
-            else:
-                fail(what, f"out-of-bounds access: elements [{idx.min()}, {idx.max()}] of a {total}-element "
-                     f"{buffer_label(self._buffer)} storage{self._storage_name()} (view shape {self._shape}, "
-                     f"strides {self._strides}, offset {self._offset})")
-        return (idx, mask) if oob_skip else idx
-
-    def _storage_name(self):
-        return f" '{self._storage.name}'" if self._storage.name else ""
-
-    def _direct(self, what: str) -> np.ndarray:
-        if self._storage is None:
-            fail(what, "this tensor has no storage (a signature placeholder)")
-        lo, hi = self._extent()
-        isz = self.itemsize
-        if lo < 0 or (hi + 1) * isz > self._storage.data.size:
-            fail(what, f"out-of-bounds access: elements [{lo}, {hi}] of a "
-                 f"{self._storage.data.size // isz}-element {buffer_label(self._buffer)} storage{self._storage_name()} "
-                 f"(view shape {self._shape}, strides {self._strides}, offset {self._offset})")
-        if self.on_chip and self.ndim > 1 and self.size:
-            pstride = self._storage.pbytes // isz
-            free_extent = sum((n - 1) * abs(s) for n, s in zip(self._shape[1:], self._strides[1:]))
-            if (self._offset % pstride) + free_extent >= pstride and pstride:
-                fail(what, f"view crosses a partition boundary: free extent {free_extent + 1} elements from element "
-                     f"{self._offset % pstride} of a {pstride}-element partition")
-        return np.ndarray(self._shape, dtype=_dtypes.storage_view(self._dtype), buffer=self._storage.data,
-                          offset=self._offset * isz, strides=tuple(s * isz for s in self._strides))
-
-    def read(self, what: str = "read") -> np.ndarray:
-        """The values (a numpy array of this view's shape; may share memory)."""
-        if self._indirect is not None:
-            return self._storage.typed(self._dtype)[self.flat_index(what)]
-        return self._direct(what)
-
-    def write(self, values, what: str = "write", mask=None):
-        """Store ``values`` (this view's shape or the same number of elements) into the view."""
-        values = np.asarray(values)
-        if values.shape != self._shape:
-            if values.size == self.size:
-                values = values.reshape(self._shape)
-            else:
-                values = np.broadcast_to(values, self._shape)
-        values = _dtypes.cast(values, self._dtype)
-        if self._indirect is not None or mask is not None:
-            if mask is not None:
-                idx, ok = mask
-                self._storage.typed(self._dtype)[idx[ok]] = values[ok]
-            else:
-                self._storage.typed(self._dtype)[self.flat_index(what)] = values
-            return
-        self._direct(what)[...] = values
-
-    def numpy(self) -> np.ndarray:
-        """A copy of the values (host side, after a run)."""
-        return np.array(self.read("numpy"), copy=True)
-
-
-# -- allocation -------------------------------------------------------------------------------------
-
-
-def allocate(shape, dtype, buffer=sbuf, name: str = "", address=None, what: str = "nl.ndarray", fill=True) -> NkiTensor:
-    """A fresh tensor (``nl.ndarray``), counted against the running program's SBUF/PSUM."""
-    program = current(what)
-    if isinstance(shape, (int, np.integer)):
-        shape = (int(shape),)
-    shape = tuple(int(n) for n in shape)
-    dtype = _dtypes.as_dtype(dtype)
-    buffer = as_buffer(buffer)
-    label = f"{name or 'tensor'} {shape} {_dtypes.name(dtype)}"
-    if any(n <= 0 for n in shape) or not shape:
-        fail(what, f"{label}: every dimension must be positive")
-    if buffer in (sbuf, psum):
-        partitions = shape[0]
-        if partitions > 128:
-            fail(what, f"{label}: partition dimension {partitions} exceeds maximum 128 (nl.tile_size.pmax); "
-                 f"{buffer_label(buffer)} has 128 partitions")
-        pbytes = math.prod(shape[1:]) * dtype.itemsize
-        memory = program.sbuf if buffer is sbuf else program.psum
-        ident = memory.allocate(partitions, pbytes, address, f"'{name}' {shape} {_dtypes.name(dtype)}" if name
-                                else f"{shape} {_dtypes.name(dtype)}", what)
-        data = np.empty(partitions * pbytes, dtype=np.uint8)
-        storage = Storage(buffer, data, partitions, pbytes, name)
-        weakref.finalize(storage, memory.release, ident)
-    else:
-        nbytes = math.prod(shape) * dtype.itemsize
-        storage = None
-        if buffer is shared_hbm and program.shared.nprograms > 1:
-            # SPMD: every program's k-th shared_hbm allocation is the same tensor
-            k = program.shared_allocs
-            program.shared_allocs += 1
-            with program.shared.lock:
-                shared = program.shared.shared_hbm
-                if k < len(shared):
-                    storage = shared[k]
-                    if storage.nbytes != nbytes:
-                        fail(what, f"{label}: the programs of this launch allocate different shared_hbm tensors "
-                             f"(allocation {k}: {storage.nbytes} vs {nbytes} bytes)")
-                    fill = False
-                else:  # filled here, under the lock: another program may write it as soon as it is listed
-                    storage = Storage(buffer, np.empty(nbytes, dtype=np.uint8), 1, nbytes, name)
-                    if fill:
-                        storage.typed(dtype)[...] = _dtypes.sentinel(dtype)
-                    shared.append(storage)
-                fill = False
-        if storage is None:
-            storage = Storage(buffer, np.empty(nbytes, dtype=np.uint8), 1, nbytes, name)
-    if fill:
-        storage.typed(dtype)[...] = _dtypes.sentinel(dtype)
-    return NkiTensor(shape, dtype, storage, name=name)
-
-
-def from_numpy(array: np.ndarray, buffer=private_hbm, name: str = "") -> NkiTensor:
-    """An HBM tensor over ``array``'s own memory (writes go to the array)."""
-    dtype = _dtypes.as_dtype(array.dtype)
-    data = array.reshape(-1).view(np.uint8) if array.size else np.empty(0, dtype=np.uint8)
-    storage = Storage(as_buffer(buffer), data, 1, data.size, name)
-    return NkiTensor(array.shape, dtype, storage, name=name)
-
 
 __all__ = ["NKIObject", "NkiTensor", "MemoryRegion", "NkiValidationError", "Storage", "DynamicSlice", "ds",
            "sbuf", "psum", "hbm", "private_hbm", "shared_hbm", "is_hbm", "is_on_chip", "is_psum", "is_sbuf",
