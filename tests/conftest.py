@@ -2,32 +2,7 @@
 statistics, and the default switches."""
 from __future__ import annotations
 
-import os
-import sys
 import threading
-
-
-def _import_the_simulated_nki():
-    """pytest puts tests/ on sys.path (this file's folder has no __init__.py), so ``import nki``
-    would find the folder tests/nki as a namespace package before the editable install's finder
-    (which comes after Python's path finder) finds device/nki. Import the real one first, with
-    tests/ out of the way; later imports use sys.modules. (A conftest.py in tests/nki would instead
-    shadow this module for the suite's ``from conftest import ...``.)"""
-    if getattr(sys.modules.get("nki"), "__file__", None) is not None:
-        return
-    sys.modules.pop("nki", None)
-    here = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
-    saved = list(sys.path)
-    sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.getcwd()) != here]
-    try:
-        import nki  # noqa: F401
-        import nki.isa  # noqa: F401
-        import nki.language  # noqa: F401
-    finally:
-        sys.path[:] = saved
-
-
-_import_the_simulated_nki()
 
 import pytest
 import torch

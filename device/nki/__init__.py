@@ -26,7 +26,7 @@ setup.cfg installs this folder (``device/nki``) under the top-level name ``nki``
 shadows a real NKI: in an editable install a real ``nki`` on ``sys.path`` is found first; where
 this module is imported anyway while another distribution (``pip install nki``) provides
 ``nki``, it steps aside with a ``RuntimeWarning`` and loads the other one, or raises ImportError
-when there is none to load (``device/compat_names.py``, the rule ``torch_neuronx`` follows too).
+when there is none to load (``device/core/compat_names.py``, the rule ``torch_neuronx`` follows too).
 """
 from __future__ import annotations
 
@@ -36,10 +36,10 @@ import sys
 
 
 def _compat_names():
-    """device/compat_names.py, loaded by path from the installed adaptive_eager_device package
+    """device/core/compat_names.py, loaded by path from the installed adaptive_eager_device package
     without importing that package (it imports torch)."""
     spec = importlib.util.find_spec("adaptive_eager_device")
-    path = os.path.join(list(spec.submodule_search_locations)[0], "compat_names.py")
+    path = os.path.join(list(spec.submodule_search_locations)[0], "core", "compat_names.py")
     file_spec = importlib.util.spec_from_file_location("_adaptive_eager_compat_names", path)
     module = sys.modules.get(file_spec.name)
     if module is None:

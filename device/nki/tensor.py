@@ -11,13 +11,14 @@ addresses depend on an index read when an instruction uses them.
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 
 from . import _dtypes
 from ._access import TensorAccess
-from ._state import NkiValidationError, fail, user_frame, where  # noqa: F401  (re-exported)
-from .memory import (MemoryRegion, Storage, allocate, as_buffer, buffer_label, from_numpy, hbm,  # noqa: F401
+from ._state import NkiValidationError, current, fail, user_frame, where  # noqa: F401  (re-exported)
+from .memory import (MemoryRegion, Storage, as_buffer, buffer_label, hbm,  # noqa: F401
                      is_hbm, is_on_chip, is_psum, is_sbuf, private_hbm, psum, sbuf, shared_hbm)
 
 
@@ -441,6 +442,65 @@ class NkiTensor(TensorAccess, NKIObject):
     def indirect(self, index, num_elem=None):
         fail("NkiTensor.indirect", "tensor indirection is available on NeuronCore-v4 (Trn3) and later; the simulator "
              "models NeuronCore-v3 (Trn2)")
+
+def allocate(shape, dtype, buffer=sbuf, name: str = "", address=None, what: str = "nl.ndarray", fill=True):
+    """A fresh tensor (``nl.ndarray``), counted against the running program's SBUF/PSUM."""
+    program = current(what)
+    if isinstance(shape, (int, np.integer)):
+        shape = (int(shape),)
+    shape = tuple(int(n) for n in shape)
+    dtype = _dtypes.as_dtype(dtype)
+    buffer = as_buffer(buffer)
+    label = f"{name or 'tensor'} {shape} {_dtypes.name(dtype)}"
+    if any(n <= 0 for n in shape) or not shape:
+        fail(what, f"{label}: every dimension must be positive")
+    if buffer in (sbuf, psum):
+        partitions = shape[0]
+        if partitions > 128:
+            fail(what, f"{label}: partition dimension {partitions} exceeds maximum 128 (nl.tile_size.pmax); "
+                 f"{buffer_label(buffer)} has 128 partitions")
+        pbytes = math.prod(shape[1:]) * dtype.itemsize
+        memory = program.sbuf if buffer is sbuf else program.psum
+        ident = memory.allocate(partitions, pbytes, address, f"'{name}' {shape} {_dtypes.name(dtype)}" if name
+                                else f"{shape} {_dtypes.name(dtype)}", what)
+        data = np.empty(partitions * pbytes, dtype=np.uint8)
+        storage = Storage(buffer, data, partitions, pbytes, name)
+        weakref.finalize(storage, memory.release, ident)
+    else:
+        nbytes = math.prod(shape) * dtype.itemsize
+        storage = None
+        if buffer is shared_hbm and program.shared.nprograms > 1:
+            # SPMD: every program's k-th shared_hbm allocation is the same tensor
+            k = program.shared_allocs
+            program.shared_allocs += 1
+            with program.shared.lock:
+                shared = program.shared.shared_hbm
+                if k < len(shared):
+                    storage = shared[k]
+                    if storage.nbytes != nbytes:
+                        fail(what, f"{label}: the programs of this launch allocate different shared_hbm tensors "
+                             f"(allocation {k}: {storage.nbytes} vs {nbytes} bytes)")
+                    fill = False
+                else:  # filled here, under the lock: another program may write it as soon as it is listed
+                    storage = Storage(buffer, np.empty(nbytes, dtype=np.uint8), 1, nbytes, name)
+                    if fill:
+                        storage.typed(dtype)[...] = _dtypes.sentinel(dtype)
+                    shared.append(storage)
+                fill = False
+        if storage is None:
+            storage = Storage(buffer, np.empty(nbytes, dtype=np.uint8), 1, nbytes, name)
+    if fill:
+        storage.typed(dtype)[...] = _dtypes.sentinel(dtype)
+    return NkiTensor(shape, dtype, storage, name=name)
+
+
+def from_numpy(array: np.ndarray, buffer=private_hbm, name: str = ""):
+    """An HBM tensor over ``array``'s own memory (writes go to the array)."""
+    dtype = _dtypes.as_dtype(array.dtype)
+    data = array.reshape(-1).view(np.uint8) if array.size else np.empty(0, dtype=np.uint8)
+    storage = Storage(as_buffer(buffer), data, 1, data.size, name)
+    return NkiTensor(array.shape, dtype, storage, name=name)
+
 
 __all__ = ["NKIObject", "NkiTensor", "MemoryRegion", "NkiValidationError", "Storage", "DynamicSlice", "ds",
            "sbuf", "psum", "hbm", "private_hbm", "shared_hbm", "is_hbm", "is_on_chip", "is_psum", "is_sbuf",

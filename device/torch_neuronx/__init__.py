@@ -33,10 +33,10 @@ import sys
 
 
 def _compat_names():
-    """device/compat_names.py (the step-aside rule this module shares with ``nki``), loaded by path
+    """device/core/compat_names.py (the step-aside rule this module shares with ``nki``), loaded by path
     from the installed adaptive_eager_device package without importing that package."""
     spec = importlib.util.find_spec("adaptive_eager_device")
-    path = os.path.join(list(spec.submodule_search_locations)[0], "compat_names.py")
+    path = os.path.join(list(spec.submodule_search_locations)[0], "core", "compat_names.py")
     file_spec = importlib.util.spec_from_file_location("_adaptive_eager_compat_names", path)
     module = sys.modules.get(file_spec.name)
     if module is None:
