@@ -1,10 +1,15 @@
 """Builds the one C++ extension of the device (device/csrc: the PrivateUse1 hooks Python
 cannot reach; module.cpp says what each translation unit holds). Everything else is
 declared in setup.cfg."""
-from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+import os
 
-SOURCES = [f"device/csrc/{name}.cpp" for name in ("memory", "hooks", "hot_path", "views", "sparse", "module")]
+# torch's import would load an installed neuron device whose extension this build replaces
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+
+from setuptools import setup  # noqa: E402
+from torch.utils.cpp_extension import BuildExtension, CppExtension  # noqa: E402
+
+SOURCES = [f"device/csrc/{name}.cpp" for name in ("memory", "hooks", "hot_path", "views", "sparse", "cells", "executor", "module")]
 
 setup(
     ext_modules=[

@@ -251,6 +251,7 @@ _GLOBAL_SETTINGS = (
     "set_default_tensor_type",
     "use_deterministic_algorithms",  # empty's NaN fill, the deterministic index_put_ ...
     "set_deterministic_debug_mode",
+    "set_num_threads",  # how a CPU kernel splits its work, which may round differently
 )
 
 
@@ -268,7 +269,9 @@ def _drain_before_global_settings_change() -> None:
         def set_then(*args, **kwargs):
             drain(Flush.GLOBAL_SETTING)
             SHAPE_CACHE.clear()  # the CPU's checks cached with a signature may read them (put_ alerts)
-            return setter(*args, **kwargs)
+            result = setter(*args, **kwargs)
+            QUEUE.follow_threads()  # the worker's kernels: the host's intra-op threads
+            return result
 
         set_then._neuron_drains = True
         return set_then

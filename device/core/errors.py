@@ -167,8 +167,11 @@ class FailureState:
     run an op issued later first, and the error raised must be the one strict eager
     raises."""
 
-    def __init__(self) -> None:
+    def __init__(self, pending=None) -> None:
+        """``pending(bool)``: told when a failure starts and stops being pending (the device
+        worker runs nothing natively meanwhile)."""
         self._lock = threading.Lock()
+        self._pending = pending or (lambda _: None)
         self.first: KernelFailure | None = None
         self.later = 0
 
@@ -177,6 +180,7 @@ class FailureState:
             first = self.first
             if first is None:
                 self.first = failure
+                self._pending(True)
             else:
                 if failure.issue < first.issue:
                     self.first = failure
@@ -187,4 +191,6 @@ class FailureState:
         with self._lock:
             failure, self.first = self.first, None
             self.later = 0
+            if failure is not None:
+                self._pending(False)
             return failure

@@ -16,16 +16,6 @@
 
 namespace neuron {
 
-namespace {
-
-PyObject* int_tuple(c10::IntArrayRef values) {
-  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(values.size()));
-  for (size_t i = 0; i < values.size(); ++i) {
-    PyTuple_SET_ITEM(tuple, i, PyLong_FromLongLong(values[i]));
-  }
-  return tuple;
-}
-
 std::vector<int64_t> int_vector(PyObject* sequence) {
   PyObject* fast = PySequence_Fast(sequence, "expected a sequence of ints");
   if (fast == nullptr) {
@@ -42,6 +32,17 @@ std::vector<int64_t> int_vector(PyObject* sequence) {
   }
   return values;
 }
+
+namespace {
+
+PyObject* int_tuple(c10::IntArrayRef values) {
+  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(values.size()));
+  for (size_t i = 0; i < values.size(); ++i) {
+    PyTuple_SET_ITEM(tuple, i, PyLong_FromLongLong(values[i]));
+  }
+  return tuple;
+}
+
 
 // empty(shape, stride, dtype, side, nbytes) -> a device tensor over a fresh storage of
 // `nbytes` bytes whose Python side is `side`.

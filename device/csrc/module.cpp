@@ -120,4 +120,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("call_quietly", &neuron::call_quietly);
   m.def("call_recording", &neuron::call_recording);
   PyModule_AddFunctions(m.ptr(), neuron::hot_methods);
+  neuron::add_storage_type(m.ptr());
+  neuron::register_executor(m);
 }

@@ -21,6 +21,7 @@
 #include <c10/core/Storage.h>
 #include <pybind11/pybind11.h>
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -92,6 +93,29 @@ py::object twin(py::object generator);
 
 // -- the hot path (hot_path.cpp) -------------------------------------------------------------
 extern PyMethodDef hot_methods[];
+std::vector<int64_t> int_vector(PyObject* sequence);  // a Python sequence of ints
+
+// -- a storage's bytes (cells.cpp) -----------------------------------------------------------
+// The bytes of one device storage: a CPU tensor (undefined until written) that never has a
+// Python object, so the device worker takes and drops references to it without the GIL.
+struct Cell : c10::intrusive_ptr_target {
+  at::Tensor data;
+  std::vector<int64_t> sizes;  // the layout `materialize` makes and `adopt` takes whole
+  std::vector<int64_t> strides;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::atomic<bool> poisoned{false};  // a failed kernel left it without valid data
+
+  at::Tensor materialize();  // the bytes, allocated now if nothing wrote them yet
+  at::Tensor value();        // the same, without the lock when they exist
+  void adopt(const at::Tensor& result);  // a kernel's result becomes the bytes (or is copied in)
+};
+at::Tensor unshared(const at::Tensor& tensor);  // a tensor over the same bytes with no Python object
+bool is_storage(PyObject* value);                // a DeviceStorage?
+c10::intrusive_ptr<Cell> cell_of(PyObject* storage);
+void add_storage_type(PyObject* module);        // _C.StorageBase, DeviceStorage's base
+
+// -- the device worker and native launches (executor.cpp) -------------------------------------
+void register_executor(py::module& m);
 
 // -- the view kernels (views.cpp) ------------------------------------------------------------
 void register_views();  // once, from init()

@@ -40,16 +40,18 @@ not (the worker never takes it).
 from __future__ import annotations
 
 import os
-import queue as _queue
 import threading
 import time
 
 import torch
 
+from .. import _C as _native
 from ..core.config import CONFIG, parse_fault_spec
 from ..core.counters import COUNTERS
 from ..core.errors import FailureState, KernelFailure, NeuronRuntimeError
-from ..memory.storage import keep_freed_memory
+from ..memory.storage import ReinterpretRef, ViewRef, keep_freed_memory
+
+_native.executor_types(ViewRef, ReinterpretRef)  # the references a native program resolves
 
 HOST_LOCK = threading.RLock()
 
@@ -92,14 +94,17 @@ class FaultInjector:
 
 class ExecutionQueue:
     def __init__(self) -> None:
-        self._items: _queue.SimpleQueue = _queue.SimpleQueue()
-        self._worker: threading.Thread | None = None
+        # The worker (device/csrc/executor.cpp): the FIFO and the thread that drains it,
+        # started at the first ring.
+        self._worker = _native.Worker()
+        self._started = False
         self._start_lock = threading.Lock()
         self.issued = 0  # ops recorded so far: each record's place in issue order (host side)
         self.submitted = 0  # items put on the queue (host side)
-        self.completed = 0  # items the worker finished (device side)
-        self.failures = FailureState()
-        self.poison_seen = False  # a storage was ever poisoned: kernels check their inputs
+        # the earliest failure not yet raised; the worker knows whether one is pending
+        self.failures = FailureState(lambda pending: self._worker.flags(failure_pending=pending))
+        self._poison_seen = False
+        self._faults = None
         self.faults: FaultInjector | None = FaultInjector(CONFIG.faults) if CONFIG.faults else None
         # The simulated timeline (deterministic: costs only, never host timing):
         self.clock_us = 0.0  # device busy time: the sum of launched kernels' times
@@ -144,12 +149,13 @@ class ExecutionQueue:
         with HOST_LOCK:
             batch = self._batch
             if batch:
-                if self._worker is None:
+                if not self._started:
                     self._start()
                 self._batch = []
                 self._batch_bytes = 0
                 self._batch_ops = 0
-                self._items.put(batch)
+                self._worker.push(batch)
+            self._worker.release()  # the Python objects of the native launches that ran
 
     def launch(self, kernel, key, nbytes: int, time_us: float, stream: int, ops: int = 1) -> int:
         """Submit one kernel launch and account for it."""
@@ -261,15 +267,43 @@ class ExecutionQueue:
         """Is a fault injected (``NEURON_SIM_FAULT``, ``inject_fault``)? Any op may fail."""
         return self.faults is not None
 
+    @property
+    def completed(self) -> int:
+        """Items the worker finished (device side)."""
+        return self._worker.completed
+
+    @property
+    def poison_seen(self) -> bool:
+        """A storage was ever poisoned: kernels check their inputs."""
+        return self._poison_seen
+
+    @poison_seen.setter
+    def poison_seen(self, value: bool) -> None:
+        self._poison_seen = value
+        self._worker.flags(poison_seen=value)
+
+    @property
+    def faults(self):
+        """The fault injector (``NEURON_SIM_FAULT``, ``inject_fault``), or None."""
+        return self._faults
+
+    @faults.setter
+    def faults(self, injector) -> None:
+        self._faults = injector
+        self._worker.flags(faults=injector is not None)
+
     def drain(self) -> None:
         """Wait until everything submitted so far has run. Raises nothing."""
         with HOST_LOCK:
             if self.completed >= self.submitted:
+                self._worker.release()
                 return
             fence = Fence()
             self.submit(fence)
             self.ring()
         fence.event.wait()
+        with HOST_LOCK:
+            self._worker.release()
 
     def wait(self) -> None:
         """Drain, then rethrow the earliest deferred failure, if any, and clear it."""
@@ -346,30 +380,39 @@ class ExecutionQueue:
 
     def _start(self) -> None:
         with self._start_lock:
-            if self._worker is None:
+            if not self._started:
                 keep_freed_memory()  # the device's memory pool
-                worker = threading.Thread(target=self._run, name="neuron-device-worker", daemon=True)
-                worker.start()
-                self._worker = worker
+                self.follow_threads()
+                self._worker.start(self._run_item, self._run_fallback)
+                self._started = True
 
-    def _run(self) -> None:
-        get = self._items.get
-        while True:
-            batch = get()
-            profiling = torch.autograd.profiler._is_profiler_enabled
-            for index in range(len(batch)):
-                # Drop each kernel (and the tensors it holds) before running the next one:
-                # once a fence signals the host, the worker must hold no tensor, or a host
-                # that exits right away races the worker's deallocations and the process
-                # aborts during interpreter finalization.
-                item = batch[index]
-                batch[index] = None
-                if self.trace_recorder is None and not profiling:
-                    item.execute(self)
-                else:
-                    self._launch_observed(item, profiling)
-                item = None
-                self.completed += 1
+    def follow_threads(self) -> None:
+        """The worker's kernels use the host's intra-op threads (``torch.get_num_threads()``):
+        a CPU kernel's result may depend on how many threads split its work (the fused
+        attention kernel's does), and must be the one the host would compute. Called at
+        start, and by ``torch.set_num_threads`` after it drained the queue (``backend.py``)."""
+        self._worker.flags(threads=torch.get_num_threads())
+
+    def _run_item(self, item) -> None:
+        """A Python item, on the worker (with the GIL). The worker drops each item (and the
+        tensors it holds) before it runs the next one: once a fence signals the host, the
+        worker holds no tensor, or a host that exits right away would race the worker's
+        deallocations during interpreter finalization."""
+        if self.trace_recorder is None and not torch.autograd.profiler._is_profiler_enabled:
+            item.execute(self)
+        else:
+            self._launch_observed(item, torch.autograd.profiler._is_profiler_enabled)
+
+    def _run_fallback(self, fallback, resume: int, env: dict) -> None:
+        """A native launch the worker handed back (device/csrc/executor.cpp): a failure
+        pending, a fault injected, a poisoned input, or a step that raised. Its ops run
+        from ``resume`` under the failure rules, with the values it kept in registers."""
+        fallback.resume(self, resume, env)
+
+    def native_counts(self) -> dict:
+        """``{"native_launches", "fallbacks"}``: launches the worker ran in C++, and those
+        it handed to Python."""
+        return self._worker.counts()
 
     def _launch_observed(self, item, profiling: bool) -> None:
         """Launch under the timeline and/or ``torch.profiler`` (a ``neuron::`` range)."""

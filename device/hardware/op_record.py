@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import _C as _native
 from ..core.errors import KernelFailure, describe_call, poisoned_read_error
 from ..memory.storage import DeviceStorage, ReinterpretRef, ViewRef
 
@@ -225,3 +226,23 @@ def run_record(record, queue, env=None, dead=None, kernel_name=None) -> bool:
 
 
 OpRecord.execute = run_record  # strict eager: one record is one launch, run by the same rules
+
+
+def _resume(record, queue, resume: int, env) -> None:
+    """A native launch of this one op handed back to Python (``executor.cpp``): it runs
+    here, by the failure rules."""
+    run_record(record, queue)
+
+
+OpRecord.resume = _resume
+
+
+def native_launch(record):
+    """``record`` as one native launch (``device/csrc/executor.cpp``: the worker runs it in
+    C++, with no Python), or the record itself, a Python item, when an argument is one the
+    native path does not resolve (another dtype over a storage's bytes)."""
+    try:
+        return _native.native_op(record.op, record.args, record.kwargs, record.results,
+                                 record.writes if id(record.op) in GUARDED_WRITES else None, record)
+    except _native.NotNative:
+        return record

@@ -15,6 +15,7 @@ from ..core.config import CONFIG
 from ..core.counters import COUNTERS
 from ..core.reasons import Flush
 from .execution_queue import HOST_LOCK, QUEUE
+from .op_record import native_launch
 
 
 class StrictSink:
@@ -24,7 +25,9 @@ class StrictSink:
 
     def record(self, record) -> None:
         cost = record.cost
-        QUEUE.launch(record, record.op, cost.bytes, cost.time_us, record.stream)
+        # run in C++ by the worker; a Python item while tracing or profiling
+        item = record if QUEUE.observing else native_launch(record)
+        QUEUE.launch(item, record.op, cost.bytes, cost.time_us, record.stream)
         if CONFIG.launch_blocking:
             QUEUE.wait()
 

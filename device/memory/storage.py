@@ -20,9 +20,9 @@ import threading
 
 import torch
 
+from .. import _C as _native
 from ..core.config import CONFIG
 
-_MATERIALIZE_LOCK = threading.Lock()
 # The books change on two threads: the host allocates, and whichever thread drops a
 # storage's last reference frees (often the device worker, after the last kernel reading
 # it). `allocated += n` is a read and a write, so both sides update under this lock.
@@ -133,10 +133,13 @@ def _book(nbytes: int, count: int) -> None:
         raise _out_of_memory(nbytes)
 
 
-class DeviceStorage:
-    """One device allocation. ``data`` is its CPU backing tensor, or None until needed."""
+class DeviceStorage(_native.StorageBase):
+    """One device allocation. Its bytes are the C side's (``device/csrc/cells.cpp``):
+    ``data`` (a CPU tensor over them, or None until something writes them),
+    ``materialize()``, ``adopt(result)`` and ``poison`` (the KernelFailure that left it
+    without valid data, or None), so the device worker reaches them without the GIL."""
 
-    __slots__ = ("data", "nbytes", "shape", "stride", "dtype", "poison", "alive", "__weakref__")
+    __slots__ = ("nbytes", "shape", "stride", "dtype", "alive", "__weakref__")
 
     def __init__(self, shape, stride, dtype, nbytes: int, data=None) -> None:
         rounded = -(-nbytes // _ROUND) * _ROUND
@@ -146,8 +149,9 @@ class DeviceStorage:
         self.shape = shape
         self.stride = stride
         self.dtype = dtype
-        self.data = data
-        self.poison = None  # KernelFailure that left this storage without valid data
+        self._layout(shape, stride, dtype)
+        if data is not None:
+            self.data = data
         # Is its PrivateUse1 storage still referenced by anything (a tensor, a view, a
         # tensor autograd saved, an optimizer's state)? The C++ side clears it when the
         # storage is freed (device/csrc/memory.cpp): an adaptive window need not write back
@@ -171,8 +175,7 @@ class DeviceStorage:
             storage.shape = shape
             storage.stride = stride
             storage.dtype = dtype
-            storage.data = None
-            storage.poison = None
+            storage._layout(shape, stride, dtype)
             storage.alive = True
             append(storage)
         return storages
@@ -186,39 +189,6 @@ class DeviceStorage:
             books.allocated -= nbytes
             books.frees += 1
             books.live_blocks -= 1
-
-    def materialize(self) -> torch.Tensor:
-        """The CPU backing tensor, allocating it now if nothing has written it yet."""
-        data = self.data
-        if data is None:
-            with _MATERIALIZE_LOCK:
-                data = self.data
-                if data is None:
-                    data = self.data = torch.empty_strided(self.shape, self.stride, dtype=self.dtype)
-        return data
-
-    def adopt(self, result: torch.Tensor) -> None:
-        """Make a kernel's result this storage's contents (no copy when possible)."""
-        with _MATERIALIZE_LOCK:
-            if (
-                self.data is None
-                and result.stride() == self.stride
-                and result.shape == self.shape
-                and result.dtype is self.dtype
-                and result.storage_offset() == 0
-            ):
-                self.data = result
-                return
-        if result.shape != self.shape or result.dtype is not self.dtype:
-            # Copying would hide it (a silent dtype conversion, or a broadcast).
-            raise RuntimeError(
-                f"the kernel produced a tensor of shape {tuple(result.shape)} and dtype "
-                f"{result.dtype} where shape inference predicted {self.shape} and {self.dtype}; "
-                "this is a bug in the device's shape inference for this op "
-                "(device/ops/meta_overrides.py, META_OVERRIDES)"
-            )
-        self.materialize().copy_(result)
-
 
     @classmethod
     def of_bytes(cls, nbytes: int) -> "DeviceStorage":
@@ -251,6 +221,7 @@ class DeviceStorage:
             if kept:
                 data[:kept].copy_(torch.empty(0, dtype=torch.uint8).set_(old.untyped_storage())[:kept])
         self.shape, self.stride, self.dtype = (nbytes,), (1,), torch.uint8
+        self._layout(self.shape, self.stride, self.dtype)
         self.data = data
 
 

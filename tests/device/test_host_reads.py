@@ -119,3 +119,19 @@ def test_kernels_run_under_the_default_dtype_they_were_issued_with():
         assert torch.equal(drawn.cpu(), expected) and torch.equal(summed.cpu(), expected_sum)
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+def test_kernels_split_their_work_as_the_host_would(any_mode):
+    """A CPU kernel's rounding may depend on how many intra-op threads split it (a large
+    sum does): the worker runs each kernel with the host's ``torch.get_num_threads()``,
+    also after ``torch.set_num_threads`` changes it, so the result is the CPU's."""
+    saved = torch.get_num_threads()
+    torch.manual_seed(0)
+    x = torch.randn(1 << 22) * 1000
+    on_device = x.to("neuron")
+    try:
+        for threads in (2, 1, 2):
+            torch.set_num_threads(threads)
+            assert on_device.sum().item() == x.sum().item(), threads
+    finally:
+        torch.set_num_threads(saved)

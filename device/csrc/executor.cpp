@@ -1,0 +1,722 @@
+// The device worker and the kernels it runs in C++, without the GIL.
+//
+// The execution queue (device/hardware/execution_queue.py) is one FIFO drained by one
+// worker thread, this file's. An item is either a Python object with `execute(queue)`
+// (a fence, an event, a kernel the native path cannot run), which the worker runs under
+// the GIL, or a native launch: a program of steps over a table of storages (cells.cpp),
+// which it runs with no Python at all. A step is one aten op (an operator handle resolved
+// once, its arguments bound by position) or one TorchScript function (a library kernel).
+//
+// Python builds a program from the ops it recorded (ProgramBuilder: the arguments are
+// converted once, on the host), and a launch binds it to storages. Strict eager launches
+// one op; an adaptive window's fused kernel is one launch of its ops, with the values it
+// keeps in registers (dead intermediates) in a per-run environment; a compiled graph's
+// program is built once and bound to each call's storages.
+//
+// The native path runs only the happy path. Before a launch runs, the worker checks what
+// the queue's failure rules care about: a failure pending (an earlier kernel failed and
+// the sync point has not raised it yet), fault injection, or a poisoned input. Any of
+// them, or a step that raises, hands the launch to its Python fallback, which runs the
+// same ops under the failure rules (device/hardware/op_record.py) from the step where the
+// native run stopped, with its environment: so every error names the exact op and the
+// user's line, as the Python path always did. A step whose op writes in place what its
+// index or mask data decide (GUARDED_WRITES) is restored before the fallback runs it again.
+//
+// Python objects are never released on the worker: a finished native launch goes to a list
+// the host empties with the GIL (queue_release), and tensors the worker touches never have
+// a Python object (cells.cpp).
+
+#include "neuron.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/stack.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty_strided.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/api/compilation_unit.h>
+#include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+namespace neuron {
+namespace {
+
+// -- programs ----------------------------------------------------------------------------
+
+struct Ref {
+  int32_t slot = -1;
+  bool view = false;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  int64_t offset = 0;
+};
+
+struct Arg {
+  enum Kind : uint8_t { Constant, Tensor, TensorList, OptionalTensorList };
+  Kind kind = Constant;
+  c10::IValue constant;    // Constant (a host tensor is a constant too)
+  Ref ref;                 // Tensor
+  std::vector<Arg> items;  // lists: each a Tensor or a Constant
+};
+
+struct Step {
+  std::optional<c10::OperatorHandle> op;                // an aten op, or
+  std::shared_ptr<torch::jit::CompilationUnit> unit;    // a TorchScript function
+  torch::jit::Function* function = nullptr;
+  std::vector<Arg> args;        // every schema argument, in order
+  std::vector<int32_t> outs;    // the returned tensors, flattened: slot (-1: dropped)
+  std::vector<char> dead;       // per out: kept in the environment, not written back
+  std::vector<int32_t> guarded; // slots restored if the op raises
+  std::vector<int32_t> frees;   // environment entries no later step reads
+  int64_t resume = 0;           // where the Python fallback resumes for this step
+};
+
+struct Program {
+  std::vector<Step> steps;
+  int32_t slots = 0;
+};
+
+struct Launch {
+  std::shared_ptr<Program> program;
+  std::vector<c10::intrusive_ptr<Cell>> table;
+  py::object storages;  // the table's DeviceStorages (a list), for the fallback's environment
+  py::object fallback;  // what the Python fallback runs (the queue's run_fallback(fallback, resume, env))
+};
+
+// The classes a recorded argument may be, besides a DeviceStorage: set once by Python.
+PyObject* view_ref_type = nullptr;
+PyObject* reinterpret_ref_type = nullptr;
+
+struct NotNative : std::exception {
+  const char* what() const noexcept override { return "not runnable natively"; }
+};
+
+// One operator handle per OpOverload (they live as long as the process).
+std::unordered_map<PyObject*, c10::OperatorHandle>& handles() {
+  static auto* map = new std::unordered_map<PyObject*, c10::OperatorHandle>();
+  return *map;
+}
+
+const c10::OperatorHandle& handle_of(PyObject* op) {
+  auto& map = handles();
+  auto found = map.find(op);
+  if (found != map.end()) {
+    return found->second;
+  }
+  py::handle schema = py::handle(op).attr("_schema");
+  auto name = schema.attr("name").cast<std::string>();
+  auto overload = schema.attr("overload_name").cast<std::string>();
+  auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+  Py_INCREF(op);  // kept: the map holds it by address
+  return map.emplace(op, handle).first->second;
+}
+
+class Builder {
+ public:
+  Builder() : program_(std::make_shared<Program>()) {}
+
+  int32_t slot_of(PyObject* storage) {
+    auto found = slots_.find(storage);
+    if (found != slots_.end()) {
+      return found->second;
+    }
+    auto slot = static_cast<int32_t>(storages_.size());
+    slots_.emplace(storage, slot);
+    storages_.append(py::handle(storage));
+    cells_.push_back(cell_of(storage));
+    return slot;
+  }
+
+  Ref ref_of(PyObject* value) {
+    Ref ref;
+    if (is_storage(value)) {
+      ref.slot = slot_of(value);
+      return ref;
+    }
+    if (view_ref_type != nullptr && Py_TYPE(value) == reinterpret_cast<PyTypeObject*>(view_ref_type)) {
+      py::handle view(value);
+      ref.slot = slot_of(view.attr("storage").ptr());
+      ref.view = true;
+      ref.sizes = view.attr("shape").cast<std::vector<int64_t>>();
+      ref.strides = view.attr("stride").cast<std::vector<int64_t>>();
+      ref.offset = view.attr("offset").cast<int64_t>();
+      return ref;
+    }
+    throw NotNative();  // a ReinterpretRef (another dtype over the bytes): Python resolves it
+  }
+
+  static bool is_reference(PyObject* value) {
+    return is_storage(value) || Py_TYPE(value) == reinterpret_cast<PyTypeObject*>(view_ref_type) ||
+           Py_TYPE(value) == reinterpret_cast<PyTypeObject*>(reinterpret_ref_type);
+  }
+
+  Arg tensor_arg(PyObject* value) {
+    Arg arg;
+    if (value == Py_None) {
+      return arg;  // a None constant
+    }
+    if (THPVariable_Check(value)) {  // a host tensor (a snapshot): a constant of its own
+      arg.constant = unshared(THPVariable_Unpack(value));
+      return arg;
+    }
+    if (PyFloat_Check(value) || PyLong_Check(value) || PyComplex_Check(value)) {
+      // a Python number for a Tensor argument (`x * 0.5`): a wrapped number, as the
+      // dispatcher's own Python calls make it
+      torch::jit::ToIValueAllowNumbersAsTensors numbers(true);
+      arg.constant = torch::jit::toIValue(py::handle(value), c10::TensorType::get());
+      return arg;
+    }
+    arg.kind = Arg::Tensor;
+    arg.ref = ref_of(value);
+    return arg;
+  }
+
+  Arg convert(PyObject* value, const c10::Argument& argument) {
+    const c10::TypePtr& type = argument.type();
+    auto kind = type->kind();
+    if (kind == c10::TypeKind::TensorType ||
+        (kind == c10::TypeKind::OptionalType &&
+         type->expectRef<c10::OptionalType>().getElementType()->kind() == c10::TypeKind::TensorType)) {
+      return tensor_arg(value);
+    }
+    if (kind == c10::TypeKind::ListType) {
+      auto element = type->expectRef<c10::ListType>().getElementType();
+      bool optional = element->kind() == c10::TypeKind::OptionalType &&
+                      element->expectRef<c10::OptionalType>().getElementType()->kind() == c10::TypeKind::TensorType;
+      if (element->kind() == c10::TypeKind::TensorType || optional) {
+        Arg arg;
+        arg.kind = optional ? Arg::OptionalTensorList : Arg::TensorList;
+        py::sequence items = py::reinterpret_borrow<py::sequence>(value);
+        for (py::handle item : items) {
+          arg.items.push_back(tensor_arg(item.ptr()));
+        }
+        return arg;
+      }
+    }
+    if (is_reference(value)) {
+      throw NotNative();
+    }
+    Arg arg;
+    arg.constant = torch::jit::toIValue(py::handle(value), type);
+    return arg;
+  }
+
+  // The arguments of a call, by the schema: positional from `args`, the rest from
+  // `kwargs` or their defaults.
+  std::vector<Arg> arguments(const c10::FunctionSchema& schema, py::handle args, py::handle kwargs) {
+    std::vector<Arg> converted;
+    const auto& arguments = schema.arguments();
+    converted.reserve(arguments.size());
+    py::sequence positional = py::reinterpret_borrow<py::sequence>(args);
+    auto count = static_cast<size_t>(py::len(positional));
+    PyObject* keywords = kwargs.ptr();
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      const auto& argument = arguments[i];
+      PyObject* value = nullptr;
+      if (i < count && !argument.kwarg_only()) {
+        value = PySequence_GetItem(positional.ptr(), static_cast<Py_ssize_t>(i));  // new reference
+      } else if (keywords != nullptr && keywords != Py_None) {
+        value = PyDict_GetItemString(keywords, argument.name().c_str());  // borrowed
+        Py_XINCREF(value);
+      }
+      if (value == nullptr) {
+        TORCH_CHECK(argument.default_value().has_value(), schema.name(), ": missing argument ", argument.name());
+        Arg arg;
+        arg.constant = *argument.default_value();
+        converted.push_back(std::move(arg));
+        continue;
+      }
+      py::object owned = py::reinterpret_steal<py::object>(value);
+      converted.push_back(convert(value, argument));
+    }
+    return converted;
+  }
+
+  void outputs(Step& step, py::handle results, py::handle dead) {
+    py::sequence sequence = py::reinterpret_borrow<py::sequence>(results);
+    for (py::handle storage : sequence) {
+      if (storage.is_none()) {
+        step.outs.push_back(-1);
+        step.dead.push_back(0);
+      } else {
+        step.outs.push_back(slot_of(storage.ptr()));
+        step.dead.push_back(0);
+      }
+    }
+    if (!dead.is_none()) {
+      for (py::handle position : dead) {
+        auto index = position.cast<size_t>();
+        if (index < step.dead.size()) {
+          step.dead[index] = 1;
+        }
+      }
+    }
+  }
+
+  void guard(Step& step, py::handle writes) {
+    for (py::handle storage : writes) {
+      step.guarded.push_back(slot_of(storage.ptr()));
+    }
+  }
+
+  // op(op, args, kwargs, results, dead, guarded_writes, resume)
+  void op(py::handle op, py::handle args, py::handle kwargs, py::handle results, py::handle dead,
+          py::handle guarded, int64_t resume) {
+    Step step;
+    step.op = handle_of(op.ptr());
+    step.args = arguments(step.op->schema(), args, kwargs);
+    outputs(step, results, dead);
+    if (!guarded.is_none()) {
+      guard(step, guarded);
+    }
+    step.resume = resume;
+    program_->steps.push_back(std::move(step));
+  }
+
+  // script(function, inputs, constants, results, dead, resume): a TorchScript function
+  // (a library kernel) of input references and keyword constants.
+  void script(py::handle function, py::handle inputs, py::handle constants, py::handle results, py::handle dead,
+              int64_t resume) {
+    auto strong = py::cast<torch::jit::StrongFunctionPtr>(function);
+    Step step;
+    step.unit = strong.cu_;
+    step.function = strong.function_;
+    const auto& schema = step.function->getSchema();
+    step.args = arguments(schema, inputs, constants);
+    outputs(step, results, dead);
+    step.resume = resume;
+    program_->steps.push_back(std::move(step));
+  }
+
+  // free(storages): the environment entries of these storages are released after the
+  // last step added so far.
+  void free(py::handle storages) {
+    TORCH_CHECK(!program_->steps.empty(), "free: no step yet");
+    for (py::handle storage : storages) {
+      program_->steps.back().frees.push_back(slot_of(storage.ptr()));
+    }
+  }
+
+  // build() -> (program, storages): the program, and the storages its slots stand for.
+  py::tuple build() {
+    program_->slots = static_cast<int32_t>(storages_.size());
+    auto program = std::exchange(program_, std::make_shared<Program>());
+    py::list storages = std::exchange(storages_, py::list());
+    slots_.clear();
+    cells_.clear();
+    return py::make_tuple(py::cast(program), storages);
+  }
+
+  // launch(fallback) -> a Launch of what was added, over the storages met.
+  std::shared_ptr<Launch> launch(py::object fallback) {
+    auto result = std::make_shared<Launch>();
+    program_->slots = static_cast<int32_t>(storages_.size());
+    result->program = std::exchange(program_, std::make_shared<Program>());
+    result->table = std::exchange(cells_, {});
+    result->storages = std::exchange(storages_, py::list());
+    result->fallback = std::move(fallback);
+    slots_.clear();
+    return result;
+  }
+
+ private:
+  std::shared_ptr<Program> program_;
+  std::unordered_map<PyObject*, int32_t> slots_;
+  py::list storages_;
+  std::vector<c10::intrusive_ptr<Cell>> cells_;
+};
+
+// bind(program, storages, fallback) -> a Launch of `program` over these storages.
+std::shared_ptr<Launch> bind(std::shared_ptr<Program> program, py::list storages, py::object fallback) {
+  TORCH_CHECK(static_cast<int32_t>(py::len(storages)) == program->slots, "bind: ", program->slots,
+              " storages expected, got ", py::len(storages));
+  auto result = std::make_shared<Launch>();
+  result->table.reserve(program->slots);
+  for (py::handle storage : storages) {
+    result->table.push_back(cell_of(storage.ptr()));
+  }
+  result->program = std::move(program);
+  result->storages = std::move(storages);
+  result->fallback = std::move(fallback);
+  return result;
+}
+
+// One op, launched alone (strict eager): native_op(op, args, kwargs, results, guarded, fallback).
+std::shared_ptr<Launch> native_op(py::handle op, py::handle args, py::handle kwargs, py::handle results,
+                                  py::handle guarded, py::object fallback) {
+  Builder builder;
+  builder.op(op, args, kwargs, results, py::none(), guarded, 0);
+  return builder.launch(std::move(fallback));
+}
+
+// -- running a launch (the worker, no GIL) -------------------------------------------------
+
+struct Run {
+  Launch& launch;
+  std::vector<at::Tensor> env;  // values kept in registers, by slot
+
+  at::Tensor value(int32_t slot) {
+    const at::Tensor& kept = env[slot];
+    if (kept.defined()) {
+      return kept;
+    }
+    return launch.table[slot]->value();
+  }
+
+  c10::IValue resolve(const Arg& arg) {
+    switch (arg.kind) {
+      case Arg::Constant:
+        return arg.constant;
+      case Arg::Tensor: {
+        at::Tensor base = value(arg.ref.slot);
+        if (arg.ref.view) {
+          return base.as_strided(arg.ref.sizes, arg.ref.strides, arg.ref.offset);
+        }
+        return base;
+      }
+      case Arg::TensorList: {
+        std::vector<at::Tensor> items;
+        items.reserve(arg.items.size());
+        for (const auto& item : arg.items) {
+          items.push_back(resolve(item).toTensor());
+        }
+        return c10::IValue(items);
+      }
+      case Arg::OptionalTensorList: {
+        c10::List<std::optional<at::Tensor>> items;
+        for (const auto& item : arg.items) {
+          c10::IValue value = resolve(item);
+          items.push_back(value.isNone() ? std::optional<at::Tensor>() : std::optional<at::Tensor>(value.toTensor()));
+        }
+        return c10::IValue(items);
+      }
+    }
+    return c10::IValue();
+  }
+
+  void store(const Step& step, torch::jit::Stack& stack) {
+    size_t position = 0;
+    auto put = [&](const at::Tensor& tensor) {
+      if (position < step.outs.size()) {
+        int32_t slot = step.outs[position];
+        if (slot >= 0 && tensor.defined()) {
+          if (step.dead[position]) {
+            Cell& cell = *launch.table[slot];
+            if (tensor.storage_offset() != 0 || !tensor.strides().equals(cell.strides)) {
+              env[slot] = at::empty_strided(cell.sizes, cell.strides, tensor.options()).copy_(tensor);
+            } else {
+              env[slot] = tensor;
+            }
+          } else {
+            launch.table[slot]->adopt(tensor);
+          }
+        }
+      }
+      ++position;
+    };
+    for (auto& returned : stack) {
+      if (returned.isTensor()) {
+        put(returned.toTensor());
+      } else if (returned.isTensorList()) {
+        for (const at::Tensor& item : returned.toTensorVector()) {
+          put(item);
+        }
+      } else if (returned.isList()) {  // a TorchScript function's List[Tensor]
+        for (const c10::IValue& item : returned.toListRef()) {
+          put(item.isTensor() ? item.toTensor() : at::Tensor());
+        }
+      } else {
+        put(at::Tensor());
+      }
+    }
+  }
+
+  void step(const Step& step) {
+    torch::jit::Stack stack;
+    stack.reserve(step.args.size());
+    for (const auto& arg : step.args) {
+      stack.push_back(resolve(arg));
+    }
+    if (step.op) {
+      step.op->callBoxed(stack);
+    } else {
+      step.function->run(stack);
+    }
+    store(step, stack);
+    for (int32_t slot : step.frees) {
+      env[slot].reset();
+    }
+  }
+};
+
+// -- the queue -----------------------------------------------------------------------------
+
+struct Item {
+  PyObject* python = nullptr;      // a Python item (owned), or
+  std::shared_ptr<Launch> native;  // a native launch
+  PyObject* wrapper = nullptr;     // the launch's Python object (owned: released by the host)
+};
+
+// One execution queue's worker: a FIFO of batches and the thread that drains it. Each
+// Python ExecutionQueue owns one (the device's is QUEUE). The thread keeps its Queue
+// alive: a queue is never freed while its worker may wait on it.
+struct Queue : std::enable_shared_from_this<Queue> {
+  std::mutex mutex;
+  std::condition_variable ready;
+  std::deque<std::vector<Item>> batches;
+  std::atomic<int64_t> completed{0};
+  std::atomic<bool> failure_pending{false};
+  std::atomic<bool> faults{false};
+  std::atomic<bool> poison_seen{false};
+  std::atomic<int64_t> native_launches{0};
+  std::atomic<int64_t> fallbacks{0};
+  std::atomic<int64_t> native_ns{0};  // time the worker spent running native launches
+  std::atomic<int> worker_threads{0};
+  std::atomic<int> threads{0};  // the host's intra-op threads: kernels run under what they were issued with
+  std::mutex done_mutex;
+  std::vector<PyObject*> done;       // released by the host, with the GIL
+  PyObject* run_python = nullptr;    // run_python(item): a Python item
+  PyObject* run_fallback = nullptr;  // run_fallback(fallback, resume, env): a native launch's, in Python
+  bool started = false;
+
+  void finished(PyObject* object) {
+    if (object != nullptr) {
+      std::lock_guard<std::mutex> guard(done_mutex);
+      done.push_back(object);
+    }
+  }
+
+  bool anomalous(const Launch& launch) const {
+    if (failure_pending.load(std::memory_order_acquire) || faults.load(std::memory_order_acquire)) {
+      return true;
+    }
+    if (poison_seen.load(std::memory_order_acquire)) {
+      for (const auto& cell : launch.table) {
+        if (cell->poisoned.load(std::memory_order_acquire)) {
+          return true;
+        }
+      }
+    }
+    return false;
+  }
+
+  void fallback(Run& run, int64_t resume) {
+    fallbacks.fetch_add(1, std::memory_order_relaxed);
+    if (!python_alive()) {
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    try {
+      py::dict env;
+      py::list storages = py::reinterpret_borrow<py::list>(run.launch.storages);
+      for (size_t slot = 0; slot < run.env.size(); ++slot) {
+        if (run.env[slot].defined()) {
+          env[storages[slot]] = py::reinterpret_steal<py::object>(THPVariable_Wrap(unshared(run.env[slot])));
+        }
+      }
+      for (auto& kept : run.env) {
+        kept.reset();
+      }
+      py::reinterpret_borrow<py::object>(run_fallback)(run.launch.fallback, resume, env);
+    } catch (py::error_already_set& error) {
+      error.discard_as_unraisable("neuron device worker (a native launch's fallback)");
+    }
+  }
+
+  void run_native(Launch& launch) {
+    auto began = std::chrono::steady_clock::now();
+    struct Timed {
+      std::atomic<int64_t>& total;
+      std::chrono::steady_clock::time_point began;
+      ~Timed() {
+        total.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - began).count(),
+                        std::memory_order_relaxed);
+      }
+    } timed{native_ns, began};
+    worker_threads.store(at::get_num_threads());
+    Run run{launch, std::vector<at::Tensor>(static_cast<size_t>(launch.program->slots))};
+    if (anomalous(launch)) {
+      fallback(run, 0);
+      return;
+    }
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    std::vector<at::Tensor> saved;
+    for (const auto& step : launch.program->steps) {
+      saved.clear();
+      for (int32_t slot : step.guarded) {
+        saved.push_back(run.value(slot).clone());
+      }
+      try {
+        run.step(step);
+      } catch (const std::exception&) {
+        for (size_t i = 0; i < step.guarded.size(); ++i) {
+          launch.table[step.guarded[i]]->value().copy_(saved[i]);
+        }
+        fallback(run, step.resume);
+        return;
+      }
+    }
+    native_launches.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  void run_python_item(PyObject* item) {
+    if (!python_alive()) {
+      return;  // finalizing: leak it rather than touch Python
+    }
+    py::gil_scoped_acquire gil;
+    PyObject* result = PyObject_CallOneArg(run_python, item);
+    if (result == nullptr) {
+      PyErr_WriteUnraisable(item);
+    }
+    Py_XDECREF(result);
+    Py_DECREF(item);
+  }
+
+  static void work(std::shared_ptr<Queue> self) {
+    Queue& q = *self;
+    at::init_num_threads();  // the intra-op threads torch.set_num_threads asks for, on this thread too
+    while (true) {
+      std::vector<Item> batch;
+      {
+        std::unique_lock<std::mutex> lock(q.mutex);
+        q.ready.wait(lock, [&] { return !q.batches.empty(); });
+        batch = std::move(q.batches.front());
+        q.batches.pop_front();
+      }
+      for (auto& item : batch) {
+        int wanted = q.threads.load(std::memory_order_acquire);
+        if (wanted > 0 && wanted != at::get_num_threads()) {
+          at::set_num_threads(wanted);
+        }
+        if (item.native) {
+          q.run_native(*item.native);
+          // Released by the host: the launch holds Python objects (its fallback, storages).
+          item.native.reset();  // the wrapper keeps it alive until then
+          q.finished(item.wrapper);
+        } else {
+          q.run_python_item(item.python);  // released under the GIL there
+          item.python = nullptr;
+        }
+        q.completed.fetch_add(1, std::memory_order_release);
+      }
+    }
+  }
+
+  // -- Python API (the host, with the GIL) --
+  void start(py::object python, py::object fallback_runner) {
+    if (started) {
+      return;
+    }
+    run_python = python.release().ptr();
+    run_fallback = fallback_runner.release().ptr();
+    started = true;
+    std::thread(&Queue::work, shared_from_this()).detach();
+  }
+
+  void push(py::list batch) {
+    std::vector<Item> items;
+    items.reserve(py::len(batch));
+    for (py::handle value : batch) {
+      Item item;
+      if (py::isinstance<Launch>(value)) {
+        item.native = value.cast<std::shared_ptr<Launch>>();
+        item.wrapper = value.inc_ref().ptr();
+      } else {
+        item.python = value.inc_ref().ptr();
+      }
+      items.push_back(std::move(item));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      batches.push_back(std::move(items));
+    }
+    ready.notify_one();
+  }
+
+  // release(): drop the Python objects of finished native launches. Returns how many.
+  size_t release() {
+    std::vector<PyObject*> taken;
+    {
+      std::lock_guard<std::mutex> guard(done_mutex);
+      if (done.empty()) {
+        return 0;
+      }
+      taken.swap(done);
+    }
+    for (PyObject* object : taken) {
+      Py_DECREF(object);
+    }
+    return taken.size();
+  }
+
+  void flags(std::optional<bool> pending, std::optional<bool> faulting, std::optional<bool> poisoned,
+             std::optional<int> intra_op_threads) {
+    if (intra_op_threads) {
+      threads.store(*intra_op_threads, std::memory_order_release);
+    }
+    if (pending) {
+      failure_pending.store(*pending, std::memory_order_release);
+    }
+    if (faulting) {
+      faults.store(*faulting, std::memory_order_release);
+    }
+    if (poisoned) {
+      poison_seen.store(*poisoned, std::memory_order_release);
+    }
+  }
+};
+
+void executor_types(py::object view_ref, py::object reinterpret_ref) {
+  view_ref_type = view_ref.release().ptr();
+  reinterpret_ref_type = reinterpret_ref.release().ptr();
+}
+
+}  // namespace
+
+void register_executor(py::module& m) {
+  py::register_exception<NotNative>(m, "NotNative");
+  py::class_<Program, std::shared_ptr<Program>>(m, "Program")
+      .def_property_readonly("steps", [](const Program& program) { return program.steps.size(); })
+      .def_property_readonly("slots", [](const Program& program) { return program.slots; });
+  py::class_<Launch, std::shared_ptr<Launch>>(m, "NativeLaunch")
+      .def_property_readonly("steps", [](const Launch& launch) { return launch.program->steps.size(); });
+  py::class_<Builder>(m, "ProgramBuilder")
+      .def(py::init<>())
+      .def("op", &Builder::op)
+      .def("script", &Builder::script)
+      .def("free", &Builder::free)
+      .def("build", &Builder::build)
+      .def("launch", &Builder::launch);
+  py::class_<Queue, std::shared_ptr<Queue>>(m, "Worker")
+      .def(py::init<>())
+      .def("start", &Queue::start)
+      .def("push", &Queue::push)
+      .def("release", &Queue::release)
+      .def_property_readonly("completed", [](const Queue& q) { return q.completed.load(std::memory_order_acquire); })
+      .def("flags", &Queue::flags, py::arg("failure_pending") = py::none(), py::arg("faults") = py::none(),
+           py::arg("poison_seen") = py::none(), py::arg("threads") = py::none())
+      .def("counts", [](const Queue& q) {
+        py::dict counts;
+        counts["native_launches"] = q.native_launches.load();
+        counts["fallbacks"] = q.fallbacks.load();
+        counts["native_us"] = q.native_ns.load() / 1000.0;
+        counts["worker_threads"] = q.worker_threads.load();
+        return counts;
+      });
+  m.def("bind", &bind);
+  m.def("native_op", &native_op);
+  m.def("executor_types", &executor_types);
+}
+
+}  // namespace neuron
