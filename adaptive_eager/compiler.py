@@ -19,8 +19,8 @@ The path of one compiled step:
    window with no size limit and no flush policy). A call records every op of the graph,
    then flushes once ("graph"): the planner plans the whole graph (cycle check, patterns,
    dead intermediates, the on-chip rule) and each fused group is one launch on the
-   execution queue. The plan is cached per graph and input structure, and hot fused
-   kernels are built (``device/hardware/built_kernel.py``) as in adaptive eager. A sync point inside a
+   execution queue. The plan is cached per graph and input structure, and the window runs
+   as one native launch on the device worker, as in adaptive eager. A sync point inside a
    graph (a CPU fallback, a data-dependent shape) flushes early, as in eager.
 
 Everything downstream is the eager machinery: the cost model, the trace, deferred errors

@@ -307,8 +307,6 @@ def format_stats(data: dict, top: int = 10) -> str:
     for key, label in (("kernel_cache", "kernel cache"), ("plan_cache", "plan cache")):
         c = s["caches"][key]
         lines.append(f"  {label:<13}hit rate {_pct(c['hit_rate']):>6}  ({c['hits']} hits, {c['misses']} misses, {c.get('evictions', 0)} evictions, size {c.get('size', 0)})")
-        if "built" in c:
-            lines.append(f"  {'':<13}built kernels {c['built']}, op by op {c['op_by_op']}")
     if s["caches"]["kernel_cache"]["hits"] + s["caches"]["kernel_cache"]["misses"]:
         lines += _wrap(KERNEL_CACHE_NOTE, indent="  ")
     return "\n".join(lines)

@@ -237,8 +237,8 @@ class AdaptiveSink:
                 if (launch, index) not in off:
                     FUSION.pattern(name, ops)
         command_list = WindowLaunches(plan.launches, records, stream, off)
-        if not QUEUE.observing:
-            QUEUE.launch_batch(command_list, plan.costs, stream)
+        if not QUEUE.observing:  # in C++ on the worker, or this command list where it cannot
+            QUEUE.launch_batch(CONFIG.native and command_list.native() or command_list, plan.costs, stream)
         else:  # the trace and the profiler see every kernel on its own
             QUEUE.launch_batch(command_list.kernels(), plan.costs, stream)
 

@@ -16,7 +16,6 @@ once, each surviving output written once.
 from __future__ import annotations
 
 from adaptive_eager_device.hardware.cost_model import PROFILE
-from adaptive_eager_device.hardware.fused_kernel import built_counts
 from adaptive_eager_device.hardware.plan import GroupSpec, KernelSpec
 
 from .caches import CountingLRU
@@ -42,11 +41,6 @@ class KernelCache(CountingLRU):
     def invalidate(self, signature) -> None:
         self.pop(signature, None)
 
-    def stats(self) -> dict:
-        """The LRU's counters, plus how many cached kernels the device built
-        (``adaptive_eager_device.hardware.built_kernel``) and how many stay op by op."""
-        built, op_by_op = built_counts(list(self._data.values()))
-        return dict(super().stats(), built=built, op_by_op=op_by_op)
 
 
 def _signature(members, graph, where, dead) -> tuple:

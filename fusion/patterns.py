@@ -24,8 +24,9 @@ values; a launch whose constants differ runs the chain op by op.
 A matched chain is one unit of its kernel: alone, or inside a larger kernel when the
 on-chip rule merges it with its neighbours. Attention and cross-entropy
 (``fusion/flash.py``) are modelled as SBUF-tiled kernels: their traffic is their inputs
-and outputs, with a row log-sum-exp written in place of the scores autograd keeps. Implementations are TorchScript-able, so a
-hot kernel holding one is built (``device/hardware/built_kernel.py``) like any other.
+and outputs, with a row log-sum-exp written in place of the scores autograd keeps.
+Implementations are TorchScript-able: the device runs each as one TorchScript function
+(``fused_kernel.library_function``), which a native launch calls from C++.
 
 Tolerances against the unfused ops, each checked by a test (``tests/fusion/test_patterns.py``):
 

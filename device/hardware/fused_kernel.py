@@ -1,25 +1,26 @@
 """Fused kernels on the device worker: a planned window's launches, run as one command list.
 
-Entry points: :class:`WindowLaunches` (a flushed window's launches, one queue item),
-:class:`FusedKernel` (one launch that runs several recorded ops) and :func:`built_counts`
-(how many of a kernel cache's kernels are built, and how many stay op by op).
+Entry points: :class:`WindowLaunches` (a flushed window's launches, one queue item, or
+one native launch: ``WindowLaunches.native``) and :class:`FusedKernel` (one launch that
+runs several recorded ops, in Python).
 
 The device executes a plan it is handed as data and never plans: the plan format is
 ``plan.py`` (``Plan``, ``KernelSpec``, ``PatternSpec``), which the planner
 (``adaptive_eager.fusion``) builds; this module imports nothing of the planner, so
 ``adaptive_eager_device`` still imports alone. A window comes with the library kernels
 its constants turn off for this launch (``plan.library_kernels_off``, checked once on the
-host at hand-over): those chains run op by op, and the kernel is not built from them.
+host at hand-over): those chains run op by op.
 
 A fused kernel runs its ops back to back on the device worker, in program order, keeping
 its *dead intermediates* in an environment instead of device memory: an output produced
 and consumed inside the kernel, with no live Python reference and no view at flush, is
-never written back. Each op runs through ``op_record.run_record``, the per-op runner that
-strict launches use too; a matched chain runs as one library kernel at its last op.
-
-What a kernel's launches change lives here, never on the plan: :data:`STATE` (a weak
-table, ``KernelSpec`` -> :class:`KernelState`) counts its launches and keeps its built
-function (``device/hardware/built_kernel.py``) once it is hot, or False when it cannot be built.
+never written back; a matched chain runs as one library kernel (a TorchScript function)
+at its last op. A window runs as one native launch (``device/csrc/executor.cpp``: all of
+it in C++, with no Python) unless an argument is one the native path does not resolve;
+the Python path (:meth:`FusedKernel.execute`, each op through ``op_record.run_record``,
+the per-op runner strict launches use too) runs what the native run hands back: a window
+issued while a failure is pending, under fault injection or reading a poisoned input, or
+the rest of a window from the op that raised.
 
 When an op inside fails, the rest of the kernel runs op by op with strict eager's rules
 (ops reading a poisoned buffer are skipped), the deferred error names the exact op and
@@ -29,42 +30,40 @@ flush (``take_failed_kernels``): the runtime marks the chain unfusable.
 """
 from __future__ import annotations
 
+import inspect
 import logging
-import weakref
+import textwrap
+import typing
 
 import torch
 
-from ..core.config import CONFIG
-from . import built_kernel
-from .op_record import in_layout, resolve, run_record
+from .. import _C as _native
+from .op_record import GUARDED_WRITES, in_layout, resolve, run_record
 
 LOG = logging.getLogger("adaptive_eager.fusion")
 
 
-class KernelState:
-    """What one fused kernel's launches changed: how many ran, and its built function
-    (None until it is hot, False when it cannot be built)."""
-
-    __slots__ = ("launches", "built")
-
-    def __init__(self) -> None:
-        self.launches = 0
-        self.built = None
+_LIBRARY_FUNCTIONS: dict = {}
 
 
-# KernelSpec -> KernelState, written by the device worker only; an entry goes with its
-# spec (evicted from its kernel cache, invalidated after a failure, cleared)
-STATE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+def library_function(impl):
+    """A library kernel's implementation compiled by TorchScript, once (from its source:
+    ``torch.jit.script`` would warn that it is deprecated), so that a native launch calls
+    it from C++. The functions it calls are compiled with it."""
+    compiled = _LIBRARY_FUNCTIONS.get(impl)
+    if compiled is None:
+        names = {"torch": torch, "List": typing.List, "Optional": typing.Optional}
 
+        def resolve_name(name):  # torch, typing, and the functions it calls (compiled too)
+            found = names.get(name)
+            if found is None and inspect.isfunction(impl.__globals__.get(name)):
+                found = library_function(impl.__globals__[name])
+            return found
 
-def built_counts(specs) -> tuple:
-    """``(built, op_by_op)``: how many of ``specs`` run as one built function, and how
-    many were tried and stay op by op."""
-    states = [STATE.get(spec) for spec in specs]
-    return (
-        sum(1 for state in states if state is not None and state.built),
-        sum(1 for state in states if state is not None and state.built is False),
-    )
+        unit = torch.jit.CompilationUnit()
+        unit.define(textwrap.dedent(inspect.getsource(impl)), rcb=resolve_name)
+        compiled = _LIBRARY_FUNCTIONS[impl] = getattr(unit, impl.__name__)
+    return compiled
 
 
 class WindowLaunches:
@@ -96,11 +95,20 @@ class WindowLaunches:
         ]
 
     def execute(self, queue) -> None:
-        # Release each kernel's records once it has run, as strict eager drops each op:
-        # a buffer no later kernel reads is freed now, and its memory is reused by the
-        # next allocation instead of the window's footprint growing to its sum.
+        self.resume(queue, 0, None)
+
+    def resume(self, queue, resume: int, env) -> None:
+        """Run the launches from ``resume`` (a launch index << 20 | an offset in it: where a
+        native run of this window stopped, ``native``), with ``env``, the values the
+        native run kept in registers. Each kernel's records are released once it has run,
+        as strict eager drops each op: a buffer no later kernel reads is freed now, and its
+        memory is reused by the next allocation instead of the window's footprint growing
+        to its sum."""
         records = self.records
+        first, offset = resume >> 20, resume & 0xFFFFF
         for launch, (members, spec) in enumerate(self.launches):
+            if launch < first:
+                continue
             if spec is None:
                 kernel = records[members]
                 records[members] = None
@@ -108,8 +116,67 @@ class WindowLaunches:
                 kernel = self._fused(launch, members, spec)
                 for index in members:
                     records[index] = None
-            kernel.execute(queue)
+            if launch == first and offset and spec is not None:
+                kernel.resume(queue, offset, env)
+            else:
+                kernel.execute(queue)
             kernel = None
+
+    def native(self):
+        """The window as one native launch (``device/csrc/executor.cpp``: every kernel's ops
+        in C++, the values a fused kernel keeps in registers in the run's environment, a
+        matched chain as its library kernel, a TorchScript function), or None when an
+        argument is one the native path does not resolve. Its fallback is this command
+        list, resumed where the native run stopped (:meth:`resume`)."""
+        builder = _native.ProgramBuilder()
+        records = self.records
+        off = self.off
+        try:
+            for launch, (members, spec) in enumerate(self.launches):
+                if spec is None:
+                    _add_op(builder, records[members], None, launch << 20)
+                    continue
+                kernel_records = [records[index] for index in members]
+                at_root, skipped = _library_kernels(spec, {i for i in range(len(spec.patterns)) if (launch, i) in off})
+                for offset, record in enumerate(kernel_records):
+                    if offset in skipped:
+                        continue
+                    pattern = at_root.get(offset)
+                    if pattern is not None:
+                        _add_library(builder, pattern, kernel_records, spec.dead, launch << 20 | pattern.members[0])
+                    else:
+                        _add_op(builder, record, spec.dead_at[offset], launch << 20 | offset)
+                    frees = [kernel_records[producer].results[position] for producer, position in spec.last_uses[offset]]
+                    if frees:
+                        builder.free(frees)
+        except _native.NotNative:
+            return None
+        return builder.launch(self)
+
+
+def _add_op(builder, record, dead, resume: int) -> None:
+    builder.op(record.op, record.args, record.kwargs, record.results, dead,
+               record.writes if id(record.op) in GUARDED_WRITES else None, resume)
+
+
+def _add_library(builder, pattern, records, dead, resume: int) -> None:
+    """A matched chain as one step: its library kernel's TorchScript function."""
+    inputs = [records[offset].args[index] for offset, index in pattern.inputs]
+    outputs = [records[offset].results[position] for offset, position in pattern.outputs]
+    dead_positions = [i for i, place in enumerate(pattern.outputs) if place in dead]
+    builder.script(library_function(pattern.impl), inputs, pattern.constants, outputs, dead_positions, resume)
+
+
+def _library_kernels(spec, off) -> tuple:
+    """``(at_root, skipped)``: each matched chain on in this launch, by the offset of its
+    last op, where its library kernel runs; and the offsets of the ops it stands for."""
+    at_root: dict = {}
+    skipped: set = set()
+    for index, pattern in enumerate(spec.patterns):
+        if index not in off:
+            at_root[pattern.root] = pattern
+            skipped.update(pattern.members[:-1])
+    return at_root, skipped
 
 
 class FusedKernel:
@@ -128,43 +195,30 @@ class FusedKernel:
         return self.spec.name
 
     def execute(self, queue) -> None:
-        if queue.must_run_op_by_op(self.records):
-            self._run_ops(queue, library=False)  # the per-op failure rules: faults, drops, poison
-            return
-        spec = self.spec
-        state = STATE.get(spec)
-        if state is None:
-            state = STATE[spec] = KernelState()
-        built = state.built
-        if built is None and CONFIG.build_kernels:
-            state.launches += 1
-            if state.launches >= built_kernel.HOT_AFTER:
-                self._build_and_run(queue, state)
-                return
-        elif built and self._run_built(built):
-            return
-        self._run_ops(queue)
+        # with a fault injected, a failure pending or a poisoned input, every op by the
+        # per-op failure rules, with no library kernel in between
+        self._run_ops(queue, library=not queue.must_run_op_by_op(self.records))
 
-    def _run_ops(self, queue, library: bool = True) -> bool:
+    def resume(self, queue, start: int, env) -> None:
+        """Run from op ``start`` with ``env`` (where a native run stopped), op by op under
+        the failure rules."""
+        self._run_ops(queue, library=not queue.must_run_op_by_op(self.records), start=start, env=env)
+
+    def _run_ops(self, queue, library: bool = True, start: int = 0, env=None) -> bool:
         """Run the ops in program order, dead intermediates in ``env``; each matched chain
         as its library kernel at its last op (``library``), unless it is off in this
         launch. True if an op failed (the queue then has the kernel's signature)."""
-        env: dict = {}
+        env: dict = {} if env is None else env
         spec = self.spec
         last_uses = spec.last_uses
         dead_at = spec.dead_at
         records = self.records
-        at_root: dict = {}
-        skipped: set = set()
-        if library:
-            off = self.off
-            for index, pattern in enumerate(spec.patterns):
-                if index not in off:
-                    at_root[pattern.root] = pattern
-                    skipped.update(pattern.members[:-1])
+        at_root, skipped = _library_kernels(spec, self.off) if library else ({}, set())
         failed = False
         name = spec.name
         for offset, record in enumerate(records):
+            if offset < start:
+                continue
             if offset in skipped:
                 pass
             elif offset in at_root:
@@ -187,7 +241,7 @@ class FusedKernel:
         dead = self.spec.dead
         try:
             inputs = [resolve(records[offset].args[index], env) for offset, index in pattern.inputs]
-            result = pattern.impl(*inputs, **pattern.constants)
+            result = library_function(pattern.impl)(*inputs, **pattern.constants)
             values = (result,) if isinstance(result, torch.Tensor) else tuple(result)
             for (offset, position), value in zip(pattern.outputs, values):
                 storage = records[offset].results[position]
@@ -198,39 +252,3 @@ class FusedKernel:
         except Exception:  # noqa: BLE001
             return False
         return True
-
-    def _run_built(self, built) -> bool:
-        """The built kernel: one call. False (run op by op instead, which names the op
-        that fails) when it raises; it writes nothing in place, so replaying is safe."""
-        if self.off:  # a library kernel it was built with is off in this launch
-            return False
-        records = self.records
-        try:
-            values = built.run(records)
-            for (offset, position), value in zip(built.outputs, values):
-                records[offset].results[position].adopt(value)
-        except Exception:  # noqa: BLE001
-            return False
-        return True
-
-    def _build_and_run(self, queue, state: KernelState) -> None:
-        """Build the hot kernel, run it beside the op-by-op run of this same launch, and
-        keep it only if its outputs are bit-identical (``device/hardware/built_kernel.py``)."""
-        spec = self.spec
-        if self.off:
-            self._run_ops(queue)  # its library kernels' constants differ this time: build later
-            return
-        built = built_kernel.build(self.records, spec)
-        values = None
-        if built is not None:
-            try:
-                values = built.run(self.records)  # no side effects: nothing in place
-            except Exception as error:  # noqa: BLE001
-                LOG.debug("built kernel %s raised (%s): it stays op by op", spec.name, error)
-        failed = self._run_ops(queue)
-        if values is not None and not failed and built_kernel.same_outputs(values, self.records, built.outputs):
-            state.built = built
-        else:
-            if values is not None and not failed:
-                LOG.debug("built kernel %s differs from its ops: it stays op by op", spec.name)
-            state.built = False

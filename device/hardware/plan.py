@@ -43,7 +43,7 @@ class PatternSpec:
     def __init__(self, name, impl, members, inputs, outputs, checks, constants, charges=()) -> None:
         self.name = name
         # (*input tensors, **constants) -> [output tensors]; TorchScript-able, so that a
-        # built kernel (device/hardware/built_kernel.py) can call it
+        # native launch calls it from C++ (fused_kernel.library_function)
         self.impl = impl
         self.members = members  # offsets of the chain's ops, in program order
         self.root = members[-1]  # where the library kernel runs: the chain's last op

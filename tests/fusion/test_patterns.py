@@ -266,7 +266,12 @@ def test_library_kernel_joins_its_neighbours_under_the_on_chip_rule(policy):
     assert kernel_names() == ["mm|rms_norm(pow|mean|add|rsqrt|mul|mul)|mm"]
 
 
-def test_built_kernel_runs_its_library_kernels(policy):
+def test_a_native_launch_runs_its_library_kernels(policy):
+    """A fused kernel holding a matched chain runs natively: the chain as its library
+    kernel's TorchScript function, called from C++, launch after launch."""
+    from adaptive_eager_device.hardware.execution_queue import QUEUE
+
+    before = QUEUE.native_counts()
     policy.on_chip_bytes = 24 << 20
     torch.manual_seed(0)
     norm = LlamaRMSNorm(32)
@@ -278,8 +283,9 @@ def test_built_kernel_runs_its_library_kernels(policy):
         x = torch.randn(16, 32)
         with torch.no_grad():
             assert_same(torch.tanh(device_norm(x.to("neuron") @ dw)), torch.tanh(norm(x @ w)), rtol=1e-5, atol=1e-5)
-    cache = adaptive_eager.stats()["kernel_cache"]
-    assert cache["built"] >= 1 and cache["op_by_op"] == 0
+    after = QUEUE.native_counts()
+    assert after["native_launches"] - before["native_launches"] >= 4 and after["fallbacks"] == before["fallbacks"]
+    assert adaptive_eager.stats()["patterns"]["rms_norm"]["matched"] == 4
 
 
 # -- attention -----------------------------------------------------------------------------
