@@ -45,7 +45,9 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from adaptive_eager_device.ops import recorder
 from adaptive_eager_device.hardware import sink
 from adaptive_eager_device.core.config import CONFIG
-from adaptive_eager_device.hardware.execution_queue import HOST_LOCK
+from adaptive_eager_device import _C as _native
+from adaptive_eager_device.hardware.execution_queue import HOST_LOCK, QUEUE
+from adaptive_eager_device.hardware.streams import STATE as _STREAMS
 from adaptive_eager_device.core.location import SourceLocation, is_internal, register_generated_code
 from adaptive_eager_device.core.counters import COUNTERS
 from adaptive_eager_device.core.reasons import Flush
@@ -206,11 +208,25 @@ class GraphRunner:
             outputs = template.outputs_for(args, table, bases)
             bases = None
             with HOST_LOCK:  # one issue order, as the per-op path issues under it
-                self.sink.records = template.issue(table)
                 args.clear()
                 key = template.structure(table)  # (after args.clear: a written input may be dead now)
+
+                def native_launch(plan):
+                    """One native call of the template's program (its records made only if the
+                    worker hands it back), issued as the per-op path would have issued it."""
+                    program = template.program(plan)
+                    if program is None:
+                        return None
+                    stream = _STREAMS.current
+                    first = QUEUE.issue_ops(template.ops)
+                    COUNTERS.ops_recorded += template.ops
+                    call = replay.ReplayedCall(template, table, stream, first, plan, program[1])
+                    return _native.bind(program[0], table, call), program[1], stream
+
+                if not self.sink.hand_over_program(Flush.GRAPH, key, native_launch):
+                    self.sink.records = template.issue(table)
+                    self.sink.flush(Flush.GRAPH, key)
                 table = None
-                self.sink.flush(Flush.GRAPH, key)
         finally:
             sink.set_sink(previous)
         entry = self.entry

@@ -43,6 +43,10 @@ from adaptive_eager_device.memory.storage import (
 from adaptive_eager_device.hardware.streams import STATE as _STREAMS
 from adaptive_eager_device.memory.tensor import describe, device_tensor, storage_of
 
+from adaptive_eager_device import _C as _native
+from adaptive_eager_device.hardware.fused_kernel import WindowLaunches, add_launches
+from adaptive_eager_device.hardware.plan import library_kernels_off
+
 from .replay_records import NotReplayable, RecordTemplate, Slot
 from .window import structure_key
 
@@ -114,7 +118,7 @@ class Template:
     (module docstring)."""
 
     __slots__ = ("slots", "records", "outputs", "ops", "table", "inputs", "hosts", "fresh", "layouts", "total",
-                 "skeleton", "written")
+                 "skeleton", "written", "programs")
 
     def __init__(self, recording: Recording, outputs, args_after, gm) -> None:
         records = recording.records
@@ -177,6 +181,7 @@ class Template:
         self.ops = len(self.records)
         self._plan_binding()
         self._plan_structure()
+        self.programs: dict = {}  # Plan -> (native program, library kernels off), or None
 
     def _plan_binding(self) -> None:
         """What ``bind`` does at every call, sorted once: the constants' table (one entry
@@ -263,6 +268,25 @@ class Template:
                     outputs.append(torch.as_strided(base, shape, stride, offset))
         return outputs
 
+    def program(self, plan):
+        """``(program, off)``: this template's ops as one native program for ``plan`` (its
+        storages the template's slots, bound to each call's: ``_C.bind``) and the library
+        kernels its constants turn off, built once per plan; None when an argument is one
+        the native path does not resolve."""
+        found = self.programs.get(plan, False)
+        if found is False:
+            records = self.records
+            off = library_kernels_off(plan, [_Constants(template) for template in records]) if plan.library else frozenset()
+            builder = _native.ProgramBuilder()
+            builder.numbered(len(self.table))
+            try:
+                add_launches(builder, plan.launches, records, off, _template_parts)
+                found = (builder.build()[0], off)
+            except _native.NotNative:
+                found = None
+            self.programs[plan] = found
+        return found
+
     def issue(self, table) -> list:
         """Copies of the records over the call's storages, issued now."""
         stream = _STREAMS.current
@@ -280,6 +304,36 @@ class Template:
             for record in records:
                 trace.issue(record, perf_counter())
         return records
+
+
+class _Constants:
+    """A template record as the constant checks read it (its arguments)."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, template) -> None:
+        self.args = template.marked_args
+
+
+def _template_parts(template) -> tuple:
+    reads, writes, results = template.numbers
+    return template.op, template.marked_args, template.kwargs, results, writes
+
+
+class ReplayedCall:
+    """A replayed call's native launch's fallback: its records, made from the template
+    only if the worker hands the launch back (a failure pending, a fault injected, a
+    poisoned input, a step that raised), then run from where the native run stopped."""
+
+    __slots__ = ("template", "table", "stream", "first", "plan", "off")
+
+    def __init__(self, template, table, stream: int, first: int, plan, off) -> None:
+        self.template, self.table, self.stream, self.first, self.plan, self.off = template, table, stream, first, plan, off
+
+    def resume(self, queue, resume: int, env) -> None:
+        table, stream, first = self.table, self.stream, self.first
+        records = [template.bind(table, stream, first + index + 1) for index, template in enumerate(self.template.records)]
+        WindowLaunches(self.plan.launches, records, stream, self.off).resume(queue, resume, env)
 
 
 def _constants(gm):

@@ -15,6 +15,7 @@ from operator import itemgetter
 
 import torch
 
+from adaptive_eager_device import _C as _native
 from adaptive_eager_device.hardware.op_record import OpRecord
 from adaptive_eager_device.ops.rng import GENERATOR
 from adaptive_eager_device.memory.storage import DeviceStorage, ReinterpretRef, ViewRef
@@ -41,8 +42,8 @@ class RecordTemplate:
     nested lists); ``reads``, ``writes`` and ``results`` take their storages from the
     table in one call (``_getter``)."""
 
-    __slots__ = ("op", "args", "slot_args", "list_args", "other_args", "kwargs", "bound_kwargs", "nested", "reads",
-                 "writes", "results", "numbers", "location", "cost", "signature", "signature_id")
+    __slots__ = ("op", "args", "marked_args", "slot_args", "list_args", "other_args", "kwargs", "bound_kwargs",
+                 "nested", "reads", "writes", "results", "numbers", "location", "cost", "signature", "signature_id")
 
     def __init__(self, record, slot, host) -> None:
         for value in record.kwargs.values():
@@ -50,6 +51,7 @@ class RecordTemplate:
                 raise NotReplayable("the graph draws random numbers")  # RNG order: run as eager
         self.op = record.op
         args = [_template(value, slot, host) for value in record.args]
+        self.marked_args = tuple(args)  # storages as slots: what a native program is built from
         slot_args, list_args, other_args = [], [], []
         for position, value in enumerate(args):
             kind = type(value)
@@ -120,6 +122,9 @@ class _ViewSlot:
 
     def __init__(self, n, ref: ViewRef) -> None:
         self.n, self.shape, self.stride, self.offset = n, ref.shape, ref.stride, ref.offset
+
+
+_native.slot_types(Slot, _ViewSlot)  # a native program names a template's storages by them
 
 
 class _ReinterpretSlot:

@@ -226,8 +226,18 @@ class AdaptiveSink:
         then on (it releases each kernel's records as it runs them), so everything the
         host needs from them is read first."""
         stream = records[0].stream  # one window, one stream (a stream change flushes)
-        totals = plan.totals
         off = library_kernels_off(plan, records) if plan.library else frozenset()
+        self._count(plan, off)
+        command_list = WindowLaunches(plan.launches, records, stream, off)
+        if not QUEUE.observing:  # in C++ on the worker, or this command list where it cannot
+            QUEUE.launch_batch(CONFIG.native and command_list.native() or command_list, plan.costs, stream)
+        else:  # the trace and the profiler see every kernel on its own
+            QUEUE.launch_batch(command_list.kernels(), plan.costs, stream)
+
+    @staticmethod
+    def _count(plan, off) -> None:
+        """The fusion counters of one window handed over under ``plan``."""
+        totals = plan.totals
         if totals[0]:
             FUSION.fused_kernels += totals[0]
             FUSION.ops_fused += totals[1]
@@ -236,11 +246,30 @@ class AdaptiveSink:
             for launch, index, name, ops, _ in plan.library:  # one whose constants differ runs the ops
                 if (launch, index) not in off:
                     FUSION.pattern(name, ops)
-        command_list = WindowLaunches(plan.launches, records, stream, off)
-        if not QUEUE.observing:  # in C++ on the worker, or this command list where it cannot
-            QUEUE.launch_batch(CONFIG.native and command_list.native() or command_list, plan.costs, stream)
-        else:  # the trace and the profiler see every kernel on its own
-            QUEUE.launch_batch(command_list.kernels(), plan.costs, stream)
+
+    def hand_over_program(self, reason: str, key: tuple, launch_for) -> bool:
+        """A window whose records were never made (a compiled graph's replayed call): its
+        plan looked up by ``key`` as ``flush`` looks it up, and ``launch_for(plan)`` ->
+        ``(native launch, library kernels off, stream)`` or None handed to the queue with
+        the same accounting. False (nothing done) when the plan is not cached yet, faults are
+        injected, the timeline is recorded or the native path is off: then the caller
+        makes the records and flushes them."""
+        if QUEUE.observing or QUEUE.injecting_faults or not CONFIG.native:
+            return False
+        failed = QUEUE.take_failed_kernels()
+        if failed:
+            self._mark_unfusable(failed)
+        plan = self.plan_cache.lookup(key)
+        if plan is None:
+            return False
+        made = launch_for(plan)
+        if made is None:
+            return False
+        launch, off, stream = made
+        FUSION.flushes[reason] += 1
+        self._count(plan, off)
+        QUEUE.launch_batch(launch, plan.costs, stream)
+        return True
 
     @staticmethod
     def _launch_single(record) -> None:

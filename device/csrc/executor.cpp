@@ -97,6 +97,10 @@ struct Launch {
 // The classes a recorded argument may be, besides a DeviceStorage: set once by Python.
 PyObject* view_ref_type = nullptr;
 PyObject* reinterpret_ref_type = nullptr;
+// A compiled graph's template names its storages by slot number instead: Slot (.n) and
+// a view of one (.n, .shape, .stride, .offset); replay_records.py, set once by Python.
+PyObject* slot_type = nullptr;
+PyObject* view_slot_type = nullptr;
 
 struct NotNative : std::exception {
   const char* what() const noexcept override { return "not runnable natively"; }
@@ -126,7 +130,19 @@ class Builder {
  public:
   Builder() : program_(std::make_shared<Program>()) {}
 
+  // numbered(count): the storages are a template's slots 0..count-1, named by number
+  // (a Slot, a view of one; an int for a result, a write or a freed value; -1: none),
+  // bound to each call's storages by `bind`.
+  void numbered(int32_t count) {
+    numbered_ = true;
+    program_->slots = count;
+  }
+
   int32_t slot_of(PyObject* storage) {
+    if (numbered_) {
+      TORCH_CHECK(PyLong_Check(storage), "a numbered program names its storages by slot number");
+      return static_cast<int32_t>(PyLong_AsLong(storage));
+    }
     auto found = slots_.find(storage);
     if (found != slots_.end()) {
       return found->second;
@@ -140,6 +156,19 @@ class Builder {
 
   Ref ref_of(PyObject* value) {
     Ref ref;
+    if (numbered_ && Py_TYPE(value) == reinterpret_cast<PyTypeObject*>(slot_type)) {
+      ref.slot = py::handle(value).attr("n").cast<int32_t>();
+      return ref;
+    }
+    if (numbered_ && Py_TYPE(value) == reinterpret_cast<PyTypeObject*>(view_slot_type)) {
+      py::handle view(value);
+      ref.slot = view.attr("n").cast<int32_t>();
+      ref.view = true;
+      ref.sizes = view.attr("shape").cast<std::vector<int64_t>>();
+      ref.strides = view.attr("stride").cast<std::vector<int64_t>>();
+      ref.offset = view.attr("offset").cast<int64_t>();
+      return ref;
+    }
     if (is_storage(value)) {
       ref.slot = slot_of(value);
       return ref;
@@ -157,8 +186,9 @@ class Builder {
   }
 
   static bool is_reference(PyObject* value) {
-    return is_storage(value) || Py_TYPE(value) == reinterpret_cast<PyTypeObject*>(view_ref_type) ||
-           Py_TYPE(value) == reinterpret_cast<PyTypeObject*>(reinterpret_ref_type);
+    PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(value));
+    return is_storage(value) || type == view_ref_type || type == reinterpret_ref_type || type == slot_type ||
+           type == view_slot_type;
   }
 
   Arg tensor_arg(PyObject* value) {
@@ -167,6 +197,7 @@ class Builder {
       return arg;  // a None constant
     }
     if (THPVariable_Check(value)) {  // a host tensor (a snapshot): a constant of its own
+      TORCH_CHECK(!numbered_, "a template's host tensors are slots");
       arg.constant = unshared(THPVariable_Unpack(value));
       return arg;
     }
@@ -248,11 +279,10 @@ class Builder {
     for (py::handle storage : sequence) {
       if (storage.is_none()) {
         step.outs.push_back(-1);
-        step.dead.push_back(0);
       } else {
         step.outs.push_back(slot_of(storage.ptr()));
-        step.dead.push_back(0);
       }
+      step.dead.push_back(0);
     }
     if (!dead.is_none()) {
       for (py::handle position : dead) {
@@ -310,7 +340,9 @@ class Builder {
 
   // build() -> (program, storages): the program, and the storages its slots stand for.
   py::tuple build() {
-    program_->slots = static_cast<int32_t>(storages_.size());
+    if (!numbered_) {
+      program_->slots = static_cast<int32_t>(storages_.size());
+    }
     auto program = std::exchange(program_, std::make_shared<Program>());
     py::list storages = std::exchange(storages_, py::list());
     slots_.clear();
@@ -332,6 +364,7 @@ class Builder {
 
  private:
   std::shared_ptr<Program> program_;
+  bool numbered_ = false;
   std::unordered_map<PyObject*, int32_t> slots_;
   py::list storages_;
   std::vector<c10::intrusive_ptr<Cell>> cells_;
@@ -344,7 +377,18 @@ std::shared_ptr<Launch> bind(std::shared_ptr<Program> program, py::list storages
   auto result = std::make_shared<Launch>();
   result->table.reserve(program->slots);
   for (py::handle storage : storages) {
-    result->table.push_back(cell_of(storage.ptr()));
+    if (is_storage(storage.ptr())) {
+      result->table.push_back(cell_of(storage.ptr()));
+    } else {  // a host tensor (a snapshot taken for this call), or an unused slot (None)
+      auto cell = c10::make_intrusive<Cell>();
+      if (THPVariable_Check(storage.ptr())) {
+        cell->data = unshared(THPVariable_Unpack(storage.ptr()));
+        cell->sizes = cell->data.sizes().vec();
+        cell->strides = cell->data.strides().vec();
+        cell->dtype = cell->data.scalar_type();
+      }
+      result->table.push_back(std::move(cell));
+    }
   }
   result->program = std::move(program);
   result->storages = std::move(storages);
@@ -682,6 +726,11 @@ void executor_types(py::object view_ref, py::object reinterpret_ref) {
   reinterpret_ref_type = reinterpret_ref.release().ptr();
 }
 
+void slot_types(py::object slot, py::object view_slot) {
+  slot_type = slot.release().ptr();
+  view_slot_type = view_slot.release().ptr();
+}
+
 }  // namespace
 
 void register_executor(py::module& m) {
@@ -693,6 +742,7 @@ void register_executor(py::module& m) {
       .def_property_readonly("steps", [](const Launch& launch) { return launch.program->steps.size(); });
   py::class_<Builder>(m, "ProgramBuilder")
       .def(py::init<>())
+      .def("numbered", &Builder::numbered)
       .def("op", &Builder::op)
       .def("script", &Builder::script)
       .def("free", &Builder::free)
@@ -717,6 +767,7 @@ void register_executor(py::module& m) {
   m.def("bind", &bind);
   m.def("native_op", &native_op);
   m.def("executor_types", &executor_types);
+  m.def("slot_types", &slot_types);
 }
 
 }  // namespace neuron

@@ -129,40 +129,52 @@ class WindowLaunches:
         argument is one the native path does not resolve. Its fallback is this command
         list, resumed where the native run stopped (:meth:`resume`)."""
         builder = _native.ProgramBuilder()
-        records = self.records
-        off = self.off
         try:
-            for launch, (members, spec) in enumerate(self.launches):
-                if spec is None:
-                    _add_op(builder, records[members], None, launch << 20)
-                    continue
-                kernel_records = [records[index] for index in members]
-                at_root, skipped = _library_kernels(spec, {i for i in range(len(spec.patterns)) if (launch, i) in off})
-                for offset, record in enumerate(kernel_records):
-                    if offset in skipped:
-                        continue
-                    pattern = at_root.get(offset)
-                    if pattern is not None:
-                        _add_library(builder, pattern, kernel_records, spec.dead, launch << 20 | pattern.members[0])
-                    else:
-                        _add_op(builder, record, spec.dead_at[offset], launch << 20 | offset)
-                    frees = [kernel_records[producer].results[position] for producer, position in spec.last_uses[offset]]
-                    if frees:
-                        builder.free(frees)
+            add_launches(builder, self.launches, self.records, self.off, _parts)
         except _native.NotNative:
             return None
         return builder.launch(self)
 
 
-def _add_op(builder, record, dead, resume: int) -> None:
-    builder.op(record.op, record.args, record.kwargs, record.results, dead,
-               record.writes if id(record.op) in GUARDED_WRITES else None, resume)
+def _parts(record) -> tuple:
+    return record.op, record.args, record.kwargs, record.results, record.writes
 
 
-def _add_library(builder, pattern, records, dead, resume: int) -> None:
+def add_launches(builder, launches, records, off, parts) -> None:
+    """Add a plan's launches to a ``ProgramBuilder``, in order: an op alone as one step, a
+    fused kernel's ops with their registers freed after their last reader, a matched chain
+    (on in this window: not in ``off``) as one library-kernel step. ``parts(record)`` ->
+    ``(op, args, kwargs, results, writes)``: an ``OpRecord``'s, or a compiled graph's
+    template record's, whose storages are slot numbers. Each step resumes, in Python, at
+    its launch index << 20 | its offset in the launch (``WindowLaunches.resume``)."""
+    for launch, (members, spec) in enumerate(launches):
+        if spec is None:
+            _add_op(builder, parts(records[members]), None, launch << 20)
+            continue
+        kernel = [parts(records[index]) for index in members]
+        at_root, skipped = _library_kernels(spec, {i for i in range(len(spec.patterns)) if (launch, i) in off})
+        for offset, record in enumerate(kernel):
+            if offset in skipped:
+                continue
+            pattern = at_root.get(offset)
+            if pattern is not None:
+                _add_library(builder, pattern, kernel, spec.dead, launch << 20 | pattern.members[0])
+            else:
+                _add_op(builder, record, spec.dead_at[offset], launch << 20 | offset)
+            frees = [kernel[producer][3][position] for producer, position in spec.last_uses[offset]]
+            if frees:
+                builder.free(frees)
+
+
+def _add_op(builder, parts, dead, resume: int) -> None:
+    op, args, kwargs, results, writes = parts
+    builder.op(op, args, kwargs, results, dead, writes if id(op) in GUARDED_WRITES else None, resume)
+
+
+def _add_library(builder, pattern, kernel, dead, resume: int) -> None:
     """A matched chain as one step: its library kernel's TorchScript function."""
-    inputs = [records[offset].args[index] for offset, index in pattern.inputs]
-    outputs = [records[offset].results[position] for offset, position in pattern.outputs]
+    inputs = [kernel[offset][1][index] for offset, index in pattern.inputs]
+    outputs = [kernel[offset][3][position] for offset, position in pattern.outputs]
     dead_positions = [i for i, place in enumerate(pattern.outputs) if place in dead]
     builder.script(library_function(pattern.impl), inputs, pattern.constants, outputs, dead_positions, resume)
 

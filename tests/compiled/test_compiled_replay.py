@@ -145,9 +145,12 @@ def test_a_replays_plan_cache_key_is_the_one_its_records_make(monkeypatch):
     """A replay hands its window's flush the key its template precomputed
     (``Template.structure``); it must be ``_structure`` of the records it issued: storages
     numbered alike, and the same escape bits (outputs escape, intermediates do not, a
-    written input's by whether it is still referenced)."""
+    written input's by whether it is still referenced). The Python path issues the records
+    (a native replay looks the plan up by the same key and never makes them)."""
     from adaptive_eager.window import AdaptiveSink
+    from adaptive_eager_device.core.config import CONFIG
 
+    monkeypatch.setattr(CONFIG, "native", False)
     flush = AdaptiveSink.flush
     keys = []
 
