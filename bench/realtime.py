@@ -288,7 +288,8 @@ def measure(workload: str, mode: str, steps: int, warmup: int, size_name: str = 
                 cpu_walls.append(cpu_wall)
     result = {"workload": workload, "mode": mode, "size": size_name, "warmup": warmup, "steps": steps,
               "first_step_ms": first_ms, "ms": statistics.median(walls) * 1000,
-              "cpus": sorted(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads()}
+              "cpus": sorted(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
+              "load_average_1min_at_end": os.getloadavg()[0]}
     if mode == "cpu":
         result.update(cpu_ms=result["ms"], x_cpu=1.0, x_cpu_iqr=[1.0, 1.0], ratios=[1.0] * len(walls))
     else:
@@ -347,7 +348,7 @@ def merge_runs(runs: list[dict]) -> dict:
 
 def table(results: dict, modes: list[str], first_step: bool) -> list[str]:
     columns = [m for m in modes if m != "cpu"]
-    head = f"{'workload':<13}{'cpu ms':>9}" + "".join(f"{m:>18}" for m in columns)
+    head = f"{'workload':<13}{'cpu ms':>9}" + "".join(f"{m:>21}" for m in columns)
     lines = [head, "-" * len(head)]
     for workload, by_mode in results.items():
         cpus = [r["cpu_ms"] for r in by_mode.values() if "cpu_ms" in r and r["mode"] != "cpu"]
@@ -364,7 +365,7 @@ def table(results: dict, modes: list[str], first_step: bool) -> list[str]:
                 text = f"{r['x_cpu']:.2f}x" + (f" ({min(runs):.2f}-{max(runs):.2f})" if runs else "")
                 cells.append(text + ("" if r["check"]["ok"] else " MISMATCH"))
         lines.append(f"{workload:<13}{cpu_ms if cpu_ms is None else format(cpu_ms, '.1f'):>9}"
-                     + "".join(f"{c:>18}" for c in cells))
+                     + "".join(f"{c:>21}" for c in cells))
     lines.append("x cpu: median of per-pair wall ratios to CPU eager steps interleaved in the same process"
                  " (with --runs: median over runs, and their range)")
     if first_step or any("first_step_ms" in r for m in results.values() for r in m.values()):
@@ -424,6 +425,7 @@ def main(argv=None) -> int:
         if unknown:
             parser.error(f"unknown {name}: {', '.join(unknown)} (known: {', '.join(known)})")
     started = time.perf_counter()
+    load_before = os.getloadavg()
     results: dict = {}
     total, done = len(workloads) * len(modes) * args.runs, 0
     for workload in workloads:
@@ -449,6 +451,7 @@ def main(argv=None) -> int:
                 + ("" if not args.in_process else "; --in-process: all pairs in one process")),
         "size": args.size, "sizes": SIZES[args.size], "runs": args.runs, "quick": args.quick,
         "cpus": sorted(os.sched_getaffinity(0)),
+        "load_average_1_5_15_min": {"start": load_before, "end": os.getloadavg()},  # a shared machine's other work
         "descriptions": {w: DESCRIPTIONS[w] for w in workloads},
         "all_checks_ok": ok,
         "results": results,
@@ -458,7 +461,8 @@ def main(argv=None) -> int:
     with open(path, "w") as handle:
         json.dump(report, handle, indent=2)
     print("\n".join(table(results, modes, args.first_step)))
-    print(f"\n{describe(report['taken'])}; cores {report['cpus']}; {time.perf_counter() - started:.0f} s; {path}")
+    print(f"\n{describe(report['taken'])}; cores {report['cpus']}; load average {load_before[0]:.1f} at the start, "
+          f"{report['load_average_1_5_15_min']['end'][0]:.1f} at the end; {time.perf_counter() - started:.0f} s; {path}")
     return 0 if ok else 1
 
 
