@@ -8,7 +8,8 @@
 The models are Hugging Face's own (``transformers.LlamaForCausalLM`` and
 ``GPT2LMHeadModel``), built from a config with random weights under ``torch.manual_seed(0)``
 (no downloads): hidden 256, 4 layers, 4 heads, vocabulary 4096 (Llama: MLP 1024, 4 KV
-heads; GPT-2: dropout off). The workloads:
+heads; GPT-2: dropout off; the MLP width and the prompt length are this bench's choice, the
+issue gives neither). Attention is transformers' default, SDPA. The workloads:
 
 - ``generate``: Llama, greedy ``generate`` of 32 new tokens after a 16-token prompt, batch 1;
 - ``gpt2-train``, ``llama-train``: one training step on a fixed batch of 4 x 128 tokens
@@ -56,8 +57,12 @@ device's queue is drained and the step's whole work is in its wall time).
 Results go to ``bench/results/latest/realtime.json`` (``realtime_first_step.json`` for
 ``--first-step``), or to ``bench/results/`` with ``--save``, with :func:`bench.provenance`.
 ``--quick`` takes 1 warmup and 3 timed pairs and leaves out ``inductor`` (a cold Inductor
-compile is minutes on two cores); ``--size tiny`` shrinks every model (tests). This file
-uses only public API (torch, transformers, ``adaptive_eager``'s functions).
+compile is minutes on two cores); ``--size tiny`` shrinks every model and ``--in-process``
+runs every pair in this one process (the test's path; not for figures). The JSON records the
+machine's load average (at the start and end of the run, and of each process): on a shared
+machine the absolute times move with it, the interleaved ratios much less. For profiling,
+``bench/realtime_profile.py`` runs one workload and mode alone. This file uses only public
+API (torch, transformers, ``adaptive_eager``'s functions).
 """
 from __future__ import annotations
 
@@ -96,17 +101,17 @@ DESCRIPTIONS = {
 # Sizes: the issue's models ("full"), and a tiny one for the test (same code paths).
 SIZES = {
     "full": {
-        "llama": dict(vocab_size=4096, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=4),
-        "gpt2": dict(vocab_size=4096, n_embd=256, n_layer=4, n_head=4),
-        "gpt2-small": dict(vocab_size=4096, n_embd=768, n_layer=12, n_head=12),
+        "llama": {"vocab_size": 4096, "hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 4,
+                  "num_attention_heads": 4, "num_key_value_heads": 4},
+        "gpt2": {"vocab_size": 4096, "n_embd": 256, "n_layer": 4, "n_head": 4},
+        "gpt2-small": {"vocab_size": 4096, "n_embd": 768, "n_layer": 12, "n_head": 12},
         "prompt": 16, "new_tokens": 32, "batch": 4, "seq": 128,
     },
     "tiny": {
-        "llama": dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=4),
-        "gpt2": dict(vocab_size=128, n_embd=32, n_layer=2, n_head=4),
-        "gpt2-small": dict(vocab_size=128, n_embd=48, n_layer=2, n_head=4),
+        "llama": {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "num_key_value_heads": 4},
+        "gpt2": {"vocab_size": 128, "n_embd": 32, "n_layer": 2, "n_head": 4},
+        "gpt2-small": {"vocab_size": 128, "n_embd": 48, "n_layer": 2, "n_head": 4},
         "prompt": 6, "new_tokens": 4, "batch": 2, "seq": 16,
     },
 }
@@ -318,7 +323,7 @@ def run_child(workload: str, mode: str, steps: int, warmup: int, size: str, time
                "--steps", str(steps), "--warmup", str(warmup), "--size", size]
     env = dict(os.environ, NEURON_ADAPTIVE_EAGER="0", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     try:
-        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return {"workload": workload, "mode": mode, "error": f"timed out after {timeout:.0f} s"}
     lines = done.stdout.strip().splitlines()

@@ -9,7 +9,8 @@ step: wall ms, the host's CPU ms (the process's CPU time less the device worker'
 device worker thread's CPU ms, and the garbage collections that ran (count and ms, from
 ``gc.callbacks``), as medians. ``--cprofile PATH`` profiles the timed steps only (cProfile
 sees the host thread). ``--ready FILE`` writes the process id to FILE when the timed steps
-start, so a sampling profiler can attach for the steady state only::
+start, so a sampling profiler can attach for the steady state only; on SIGTERM the timed
+steps stop and the figures of those that ran are printed (for the profile's steps per second)::
 
     python bench/realtime_profile.py generate compiled --steps 200 --ready /tmp/ready &
     while [ ! -s /tmp/ready ]; do sleep 0.2; done
@@ -22,6 +23,7 @@ import cProfile
 import gc
 import json
 import os
+import signal
 import statistics
 import sys
 import threading
@@ -91,7 +93,11 @@ def main(argv=None) -> int:
         with open(args.ready, "w") as handle:
             handle.write(str(os.getpid()))
     walls, hosts, workers, gcs, gc_ms = [], [], [], [], []
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     for _ in range(args.steps):
+        if stop:
+            break
         worker = _worker_thread()
         count, seconds = watch.count, watch.seconds
         wall0, cpu0, worker0 = time.perf_counter(), time.process_time(), _thread_cpu(worker)
@@ -110,7 +116,7 @@ def main(argv=None) -> int:
     if profiler:
         profiler.dump_stats(args.cprofile)
     print(json.dumps({
-        "workload": args.workload, "mode": args.mode, "steps": args.steps, "cpus": sorted(os.sched_getaffinity(0)),
+        "workload": args.workload, "mode": args.mode, "steps": len(walls), "stopped_early": bool(stop), "cpus": sorted(os.sched_getaffinity(0)),
         "wall_ms": statistics.median(walls) * 1000, "host_cpu_ms": statistics.median(hosts) * 1000,
         "worker_cpu_ms": statistics.median(workers) * 1000,
         "gc_per_step": sum(gcs) / len(gcs), "gc_ms_per_step": sum(gc_ms) / len(gc_ms),
