@@ -182,6 +182,9 @@ def main(argv=None) -> int:
                         help="host cost against a pass-through __torch_dispatch__ wrapper: gpt, llama, decode in "
                              "cpu, wrapper, strict, adaptive (strict/adaptive interleave the wrapper's step)")
     parser.add_argument("--runs", type=int, default=1, help="measure each workload and mode N times; report medians")
+    parser.add_argument("--realtime", action="store_true",
+                        help="the wall clock against CPU eager with Hugging Face models: bench/realtime.py, which takes "
+                             "the other options (python -m bench --realtime --help)")
     args = parser.parse_args(argv)
     if args.wrapper:
         args.workloads = args.workloads if args.workloads != ",".join(WORKLOADS) else ",".join(WRAPPER_WORKLOADS)
