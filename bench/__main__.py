@@ -2,6 +2,7 @@
 
     python -m bench [--quick] [--workloads gpt,decode] [--modes cpu,strict,adaptive,neuron-compiled,compile] [--json]
     python -m bench --wrapper [--runs 3]
+    python -m bench --realtime [options of bench/realtime.py]
 
 Every (workload, mode) pair is measured in a fresh process by ``bench/measure.py`` (how
 each figure is taken is documented there). Ratios are taken within this one run. Results
@@ -165,6 +166,11 @@ def median_result(runs: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--realtime" in argv:  # the wall clock against CPU eager with Hugging Face models: bench/realtime.py
+        from bench import realtime
+
+        return realtime.main([a for a in argv if a != "--realtime"])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps, no torch.compile (< 3 minutes)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
@@ -176,6 +182,9 @@ def main(argv=None) -> int:
                         help="host cost against a pass-through __torch_dispatch__ wrapper: gpt, llama, decode in "
                              "cpu, wrapper, strict, adaptive (strict/adaptive interleave the wrapper's step)")
     parser.add_argument("--runs", type=int, default=1, help="measure each workload and mode N times; report medians")
+    parser.add_argument("--realtime", action="store_true",
+                        help="the wall clock against CPU eager with Hugging Face models: bench/realtime.py, which takes "
+                             "the other options (python -m bench --realtime --help)")
     args = parser.parse_args(argv)
     if args.wrapper:
         args.workloads = args.workloads if args.workloads != ",".join(WORKLOADS) else ",".join(WRAPPER_WORKLOADS)
