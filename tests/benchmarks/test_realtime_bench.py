@@ -10,7 +10,7 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from bench import realtime  # noqa: E402
 
 
