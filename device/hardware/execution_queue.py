@@ -152,11 +152,12 @@ class ExecutionQueue:
                 self._items.put(batch)
 
     def launch(self, kernel, key, nbytes: int, time_us: float, stream: int, ops: int = 1) -> int:
-        """Submit one kernel launch and account for it."""
+        """Submit one kernel launch and account for it (``time_us``: its time without the
+        launch overhead, which ``account`` adds)."""
         start = self.account(key, nbytes, time_us, stream)
         sequence = self.submit(kernel, stream, nbytes, ops)
         if self.trace_recorder is not None:
-            self.trace_recorder.kernel(kernel, key, start, time_us, stream, sequence)
+            self.trace_recorder.kernel(kernel, key, start, time_us + CONFIG.launch_us, stream, sequence)
         return sequence
 
     def launch_batch(self, kernels, costs, stream: int) -> None:
@@ -187,8 +188,8 @@ class ExecutionQueue:
             self.ring()
 
     def account(self, key, nbytes: int, time_us: float, stream: int) -> float:
-        """Count one launch (``key``: its op or fused kernel name) and return its simulated
-        start on the timeline."""
+        """Count one launch (``key``: its op or fused kernel name; ``time_us``: its time
+        without the launch overhead) and return its simulated start on the timeline."""
         return self._account(1, nbytes, time_us, ((key, 1, time_us, nbytes),), stream)
 
     def _account(self, count: int, nbytes: int, time_us: float, by_key, stream: int) -> float:
@@ -196,7 +197,13 @@ class ExecutionQueue:
         bytes)`` per op or kernel name) and return the first one's simulated start. The
         simulated clocks advance here, at submission: with one in-order queue, a kernel
         starts when both the one before it has ended and the simulated host has issued
-        it, so its slot is known when it is issued."""
+        it, so its slot is known when it is issued.
+
+        ``time_us`` are the kernels' costs without the launch overhead (the cost model's,
+        cached per op signature and per fused kernel); each launch adds
+        ``CONFIG.launch_us`` (``NEURON_SIM_LAUNCH_US``) here, read live."""
+        launch_us = CONFIG.launch_us
+        time_us += count * launch_us
         counters = COUNTERS
         counters.kernels_launched += count
         counters.bytes_moved += nbytes
@@ -207,6 +214,7 @@ class ExecutionQueue:
         self.device_free_us = begin + time_us
         kernel_totals = self.kernel_totals
         for key, launches, key_us, key_bytes in by_key:
+            key_us += launches * launch_us
             totals = kernel_totals.get(key)
             if totals is None:
                 kernel_totals[key] = [launches, key_us, key_bytes]
