@@ -135,6 +135,7 @@ def stats() -> dict:
     return {
         "version": STATS_VERSION,
         "mode": "adaptive" if current_sink().name == "adaptive" else "strict",
+        "policy": CONFIG.adaptive_policy if current_sink().name == "adaptive" else None,
         "ops_recorded": COUNTERS.ops_recorded,
         "kernels_launched": COUNTERS.kernels_launched,
         "fused_kernels": FUSION.fused_kernels,
