@@ -1,6 +1,7 @@
 """Adaptive eager against strict eager, compiled mode, CPU eager and Inductor, side by side.
 
     python -m bench [--quick] [--workloads gpt,decode] [--modes cpu,strict,adaptive,neuron-compiled,compile] [--json]
+                    (--modes may also name adaptive-torchneuron: adaptive eager under TorchNeuron's policy)
     python -m bench --wrapper [--runs 3]
 
 Every (workload, mode) pair is measured in a fresh process by ``bench/measure.py`` (how
@@ -38,6 +39,7 @@ from bench import SAVE_HELP, provenance, results_path  # noqa: E402
 from bench.workloads import WORKLOADS  # noqa: E402
 
 MODES = ["cpu", "strict", "adaptive", "neuron-compiled", "compile"]
+EXTRA_MODES = ["adaptive-torchneuron"]  # on request (--modes): adaptive eager under TorchNeuron's policy
 WRAPPER_MODES = ["cpu", "wrapper", "strict", "adaptive"]
 WRAPPER_WORKLOADS = ["gpt", "llama", "decode"]
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -185,9 +187,10 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown workloads: {', '.join(unknown)} (known: {', '.join(WORKLOADS)})")
     modes = args.modes.split(",") if args.modes else (MODES[:3] if args.quick else MODES)
-    unknown = [m for m in modes if m not in MODES + WRAPPER_MODES]
+    unknown = [m for m in modes if m not in MODES + WRAPPER_MODES + EXTRA_MODES]
     if unknown:
-        parser.error(f"unknown modes: {', '.join(unknown)} (known: {', '.join(dict.fromkeys(MODES + WRAPPER_MODES))})")
+        parser.error(f"unknown modes: {', '.join(unknown)} "
+                     f"(known: {', '.join(dict.fromkeys(MODES + WRAPPER_MODES + EXTRA_MODES))})")
     vs_wrapper = "wrapper" in modes
     results: dict = {}
     started = time.perf_counter()
