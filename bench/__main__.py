@@ -69,8 +69,9 @@ def _fmt(value, digits=1):
 
 
 def summarize(results: dict) -> list[str]:
+    width = max([10] + [len(mode) + 1 for by_mode in results.values() for mode in by_mode])
     header = (
-        f"{'workload':<10}{'mode':<10}{'launches':>10}{'ops':>8}{'device us':>11}{'MiB moved':>11}"
+        f"{'workload':<10}{'mode':<{width}}{'launches':>10}{'ops':>8}{'device us':>11}{'MiB moved':>11}"
         f"{'host us/op':>12}{'host us/kern':>14}{'wall ms':>10}{'x cpu':>8}{'x cpu*':>8}{'max |diff|':>12}"
         f"{'peak MiB':>10}"
     )
@@ -79,12 +80,12 @@ def summarize(results: dict) -> list[str]:
         cpu_wall = by_mode.get("cpu", {}).get("wall_ms_per_step")
         for mode, r in by_mode.items():
             if "error" in r:
-                lines.append(f"{workload:<10}{mode:<10}  error: {r['error']}")
+                lines.append(f"{workload:<10}{mode:<{width}}  error: {r['error']}")
                 continue
             ratio = r["wall_ms_per_step"] / cpu_wall if cpu_wall else None
             moved = r.get("bytes_per_step")
             lines.append(
-                f"{workload:<10}{mode:<10}{_fmt(r['launches_per_step'], 0):>10}{_fmt(r['ops_per_step'], 0):>8}"
+                f"{workload:<10}{mode:<{width}}{_fmt(r['launches_per_step'], 0):>10}{_fmt(r['ops_per_step'], 0):>8}"
                 f"{_fmt(r.get('device_time_us_per_step'), 0):>11}{_fmt(moved / (1 << 20) if moved else None, 2):>11}"
                 f"{_fmt(r['host_us_per_op'], 2):>12}{_fmt(r.get('host_us_per_kernel'), 1):>14}"
                 f"{_fmt(r['wall_ms_per_step'], 2):>10}{_fmt(ratio, 2):>8}{_fmt(r.get('wall_vs_cpu_eager'), 2):>8}"
