@@ -122,5 +122,13 @@ def main(argv=None) -> int:
     return 0 if same_output else 1
 
 
+def _main() -> int:
+    try:
+        return main()
+    except BrokenPipeError:  # `... | head`
+        sys.stderr.close()
+        return 0
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(_main())

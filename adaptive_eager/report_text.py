@@ -379,9 +379,10 @@ def format_comparison(first: dict, second: dict, names=("first", "second")) -> s
 
 
 def run_label(data: dict) -> str:
-    """``strict``, ``adaptive`` or ``adaptive, torchneuron`` (the policy, when not ours)."""
+    """``strict``, ``adaptive, ours`` or ``adaptive, torchneuron`` (``adaptive`` in a dump
+    that names no policy)."""
     policy = data.get("policy")
-    return f"{data['mode']}, {policy}" if data["mode"] == "adaptive" and policy not in (None, "ours") else data["mode"]
+    return f"{data['mode']}, {policy}" if data["mode"] == "adaptive" and policy else data["mode"]
 
 
 _RUN_ROWS = (
@@ -418,6 +419,11 @@ def format_runs(dumps: list, names: list, top: int = 5) -> str:
                          key=lambda row: (-row["time_us"], -row["launches"], row["name"]))[:top]
         lines += _kernels(f"{name}: top kernels by simulated time (of {len(data.get('kernels', {}))})", kernels,
                           data["device_time_us"])
+        reasons = sorted(data["flushes"]["by_reason"].items(), key=lambda item: (-item[1], item[0]))
+        if reasons:
+            shown = ", ".join(f"{reason} {count}" for reason, count in reasons[:top])
+            more = f", and {len(reasons) - top} more" if len(reasons) > top else ""
+            lines += _wrap(f"{name}: window flushes by reason: {shown}{more}", indent="  ")
     if len({d["ops_recorded"] for d in dumps}) > 1:
         lines += ["", "note: the runs recorded different numbers of ops; are they the same program?"]
     lines += [""] + _wrap(
