@@ -66,6 +66,7 @@ class _WholeGraph(WindowPolicy):
     """The window policy of a compiled graph: no size limit, no early flush."""
 
     max_ops = min_ops = sys.maxsize
+    policy = "ours"  # a compiled graph is planned whole by our rules, whatever adaptive eager's policy
 
 
 class _GraphSink(AdaptiveSink):

@@ -174,15 +174,17 @@ def side_by_side(strict: dict, adaptive: dict, cpu_losses: list[float]) -> tuple
 
 
 NEXT_STEPS = """Simulated device time is the simulator's cost model, not hardware: each kernel costs an
-assumed launch overhead ({overhead:g} us, NEURON_SIM_LAUNCH_US) plus its memory traffic or
-FLOPs at Trainium2's peaks; for a model this small it is mostly launches x {overhead:g} us.
+assumed launch overhead ({overhead:g} us, NEURON_SIM_LAUNCH_US) plus the busiest of its engines
+and its memory traffic on one logical NeuronCore of Trainium2; for a model this small it is
+mostly launches x {overhead:g} us.
 
 See more (the README's "Seeing what happened"):
   python -m adaptive_eager.demo --mode adaptive    # one mode, with its full statistics
   NEURON_FUSION_STATS=strict.json NEURON_TRACE=strict_trace.json python -m adaptive_eager.demo --mode strict
   NEURON_FUSION_STATS=adaptive.json NEURON_TRACE=adaptive_trace.json python -m adaptive_eager.demo --mode adaptive
   python -m adaptive_eager.stats strict.json adaptive.json    # the two runs side by side, with ratios
-  python -m adaptive_eager.report strict.json adaptive.json --trace strict_trace.json --trace adaptive_trace.json -o report.html"""
+  python -m adaptive_eager.report strict.json adaptive.json --trace strict_trace.json --trace adaptive_trace.json -o report.html
+  python -m adaptive_eager.compare your_script.py    # strict, our policy and TorchNeuron's, side by side"""
 
 
 def main(argv=None) -> int:

@@ -60,7 +60,8 @@ def window_policy(**fields):
     """Set fields of adaptive eager's window policy for a region, then restore them all;
     yields the live policy. Fields: ``max_ops`` and ``min_ops`` (window size bounds),
     ``shallow_us`` (flush when the device's backlog falls below it), ``patterns`` (the
-    pattern library), ``on_chip_bytes`` (the on-chip rule's budget, 0 turns it off); each
+    pattern library), ``on_chip_bytes`` (the on-chip rule's budget, 0 turns it off),
+    ``policy`` (``"ours"`` or ``"torchneuron"``, ``adaptive_eager/policies.py``); each
     is a ``NEURON_ADAPTIVE_*`` value of the configuration (``WindowPolicy.FIELDS``). A
     change applies from the next op the window records; no flush is forced."""
     from adaptive_eager_device.core.config import CONFIG

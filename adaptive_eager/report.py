@@ -1,6 +1,6 @@
 """The fusion report: one self-contained HTML page drawn from statistics dumps and traces.
 
-``python -m adaptive_eager.report run.json [second.json] [--trace trace.json ...] -o report.html``
+``python -m adaptive_eager.report run.json [second.json [third.json]] [--trace trace.json ...] -o report.html``
 
 Inline CSS and SVG only: no scripts, no fonts, no network, so the file can be mailed,
 attached to a ticket or opened offline. It shows the totals; simulated device time by
@@ -22,7 +22,7 @@ import os
 import sys
 
 from .report_text import (KERNEL_CACHE_NOTE, StatsFileError, device_time_note, explain, hit_rate,
-                          kernel_rows, load, read_json, short_name)
+                          kernel_rows, load, read_json, run_label, short_name)
 
 TOP_FUSED = 25  # bars in the fused-kernel chart; the rest share one "others" bar
 TOP_SINGLE = 12
@@ -31,7 +31,7 @@ W = 1080  # width of every chart, in SVG units
 
 CSS = """
 :root{--fg:#1e293b;--mut:#64748b;--bg:#f1f5f9;--card:#fff;--line:#e2e8f0;--first:#94a3b8;--second:#2563eb;
---fused:#f97316;--single:#64748b;--flush:#8b5cf6;--host:#2563eb;--sim:#10b981}
+--third:#d97706;--fused:#f97316;--single:#64748b;--flush:#8b5cf6;--host:#2563eb;--sim:#10b981}
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);background:var(--bg);margin:0}
 main{max-width:1140px;margin:0 auto;padding:24px 28px 40px}
 h1{font-size:22px;margin:0}h2{font-size:16px;margin:0 0 2px}.sub,.note{color:var(--mut)}.note{font-size:12.5px;margin:0 0 10px}
@@ -44,7 +44,7 @@ section{background:var(--card);border:1px solid var(--line);border-radius:10px;p
 svg{display:block;max-width:100%;height:auto;margin-top:6px}svg text{font-size:12px;fill:var(--fg)}svg text.dim{fill:var(--mut)}
 svg text.mono{font-family:ui-monospace,"DejaVu Sans Mono",Menlo,monospace;font-size:11.5px}
 .bar.fused,.kernel.fused{fill:var(--fused)}.bar.single,.kernel.single{fill:var(--single)}.bar.others{fill:#fdba74}
-.bar.first{fill:var(--first)}.bar.second{fill:var(--second)}.bar.flush{fill:var(--flush)}
+.bar.first{fill:var(--first)}.bar.second{fill:var(--second)}.bar.third{fill:var(--third)}.bar.flush{fill:var(--flush)}
 .busy.host,.op{fill:var(--host)}.busy.fused{fill:var(--fused)}.busy.single{fill:var(--single)}.l1{opacity:.3}.l2{opacity:.5}.l3{opacity:.75}.lane-bg{fill:#f8fafc;stroke:var(--line)}
 .flow{stroke:#94a3b8;stroke-width:.6;opacity:.7}.axis{stroke:#cbd5e1}
 table{border-collapse:collapse;width:100%;margin-top:6px}th,td{text-align:left;padding:5px 8px;border-bottom:1px solid var(--line)}
@@ -102,19 +102,27 @@ def hbars(svg_id: str, rows: list, label_w: int = 400, text_w: int = 230, mono: 
     return "\n".join(out) + "</svg>"
 
 
-def compare_bars(first: dict, second: dict, names) -> str:
+_RUN_CLASSES = ("first", "second", "third")
+
+
+def compare_bars(dumps: list, names) -> str:
+    """Launches, device time and bytes moved of two or three runs: one bar each, every
+    later run's with its ratio to the first."""
     metrics = (
-        ("kernel launches", first["kernels_launched"], second["kernels_launched"], _num),
-        ("simulated device time", first["device_time_us"], second["device_time_us"], _ms),
-        ("bytes moved", first["bytes_moved"], second["bytes_moved"], _mib),
+        ("kernel launches", "kernels_launched", _num),
+        ("simulated device time", "device_time_us", _ms),
+        ("bytes moved", "bytes_moved", _mib),
     )
-    label_w, bars_w = 200, W - 430
-    out = [_svg("compare", len(metrics) * 54)]
-    for i, (label, a, b, fmt) in enumerate(metrics):
-        top, vmax, ratio = i * 54, max(a, b) or 1, _times(a, b, "fewer" if i == 0 else "less")
-        out.append(f'<text x="{label_w - 10}" y="{top + 24}" text-anchor="end">{esc(label)}</text>')
-        out.append(_bar(label_w, top + 2, a / vmax * bars_w, 16, "first", f"{names[0]}: {fmt(a)}", fmt(a)))
-        out.append(_bar(label_w, top + 22, b / vmax * bars_w, 16, "second", f"{names[1]}: {fmt(b)}", f"{fmt(b)}   {ratio}"))
+    label_w, bars_w, step = 200, W - 430, 20 * len(dumps) + 14
+    out = [_svg("compare", len(metrics) * step)]
+    for i, (label, key, fmt) in enumerate(metrics):
+        values = [d[key] for d in dumps]
+        top, vmax = i * step, max(values) or 1
+        out.append(f'<text x="{label_w - 10}" y="{top + 10 * len(dumps) + 4}" text-anchor="end">{esc(label)}</text>')
+        for j, (value, name) in enumerate(zip(values, names)):
+            ratio = _times(values[0], value, "fewer" if i == 0 else "less") if j else ""
+            out.append(_bar(label_w, top + 2 + 20 * j, value / vmax * bars_w, 16, _RUN_CLASSES[j], f"{name}: {fmt(value)}",
+                            f"{fmt(value)}   {ratio}".rstrip()))
     return "\n".join(out) + "</svg>"
 
 
@@ -299,13 +307,19 @@ def _cards(dumps: list) -> str:
     for key, get, fmt in rows:
         a, b = get(dumps[0]), get(dumps[-1])
         ratio = "" if fmt is _pct else _times(a, b, "less" if fmt in (_ms, _mib) else "fewer")
-        detail = "" if len(dumps) == 1 else f"{fmt(a)} → {fmt(b)}" + (f" · {ratio}" if ratio else "")
+        detail = "" if len(dumps) == 1 else " → ".join(fmt(get(d)) for d in dumps) + (f" · {ratio}" if ratio else "")
         cards.append(f'<div class="card"><div class="k">{esc(key)}</div><div class="v">{esc(fmt(b))}</div><div class="d">{esc(detail)}</div></div>')
     return '<div class="cards">' + "".join(cards) + "</div>"
 
 
 def _headline(dumps: list) -> str:
     d = dumps[-1]
+    if len(dumps) > 2:
+        first = dumps[0]
+        runs = "; ".join(f'{esc(run_label(x))}: <b>{_num(x["kernels_launched"])}</b> launches, {_ms(x["device_time_us"])}'
+                         + (f' ({esc(_times(first["kernels_launched"], x["kernels_launched"], "fewer") or "the same")})' if i else "")
+                         for i, x in enumerate(dumps))
+        return f'{_num(first["ops_recorded"])} ops, run {len(dumps)} ways. {runs}.'
     if len(dumps) == 2:
         a = dumps[0]
         return (f'The second run ({esc(d["mode"])}) issued <b>{_num(d["kernels_launched"])}</b> launches for '
@@ -316,7 +330,7 @@ def _headline(dumps: list) -> str:
             f'({_num(d["fused_kernels"])} of them fused) in <b>{_ms(d["device_time_us"])}</b> of simulated device time.')
 
 
-def _kernel_sections(d: dict, name: str) -> str:
+def _kernel_sections(d: dict, name: str, suffix: str = "") -> str:
     total = d["device_time_us"] or 1
     fused = kernel_rows(d, fused=True)
     out = [f'<section><h2>Simulated device time by fused kernel</h2><p class="note">{esc(name)}: '
@@ -335,32 +349,33 @@ def _kernel_sections(d: dict, name: str) -> str:
         if rest:
             rows.append((f"{len(rest)} other fused kernels", sum(r["time_us"] for r in rest),
                          _ms(sum(r["time_us"] for r in rest)), ", ".join(r["name"] for r in rest)[:2000], "others"))
-        out.append(hbars("kernel-time", rows))
+        out.append(hbars("kernel-time" + suffix, rows))
         chains = "".join(f'<tr><td class=n>#{i}</td><td><code>{"|<wbr>".join(esc(op) for op in r["name"].split("|"))}</code></td></tr>'
                          for i, r in enumerate(fused[:TOP_FUSED], 1))
         out.append(f'<details><summary class="note">The {min(len(fused), TOP_FUSED)} chains in full</summary>'
-                   f'<table id="chains">{chains}</table></details>')
+                   f'<table id="chains{suffix}">{chains}</table></details>')
     else:
         out.append(f'<p class="empty">No fused kernels: this run was in {esc(d["mode"])} eager.</p>')
     single = kernel_rows(d, fused=False)[:TOP_SINGLE]
     if single:
         out.append('<h2 style="margin-top:14px">Single-op kernels by simulated device time</h2>')
-        out.append(hbars("single-time", [(r["name"], r["time_us"], f'{_ms(r["time_us"])} · {r["launches"]:,}×',
+        out.append(hbars("single-time" + suffix, [(r["name"], r["time_us"], f'{_ms(r["time_us"])} · {r["launches"]:,}×',
                                           f'{r["name"]}: {r["launches"]:,} launches', "single") for r in single]))
     return "\n".join(out) + "</section>"
 
 
-def _flush_section(d: dict) -> str:
+def _flush_section(d: dict, name: str = "", suffix: str = "") -> str:
     reasons = sorted(d["flushes"]["by_reason"].items(), key=lambda x: (-x[1], x[0]))
-    body = hbars("flushes", [(r, n, f"{n:,} · {explain(r)}", f"{r}: {n} flushes", "flush") for r, n in reasons], label_w=240, text_w=420, mono=False) \
+    body = hbars("flushes" + suffix, [(r, n, f"{n:,} · {explain(r)}", f"{r}: {n} flushes", "flush") for r, n in reasons], label_w=240, text_w=420, mono=False) \
         if reasons else f'<p class="empty">No flushes: {"strict eager has no op window" if d["mode"] == "strict" else "nothing was buffered"}.</p>'
-    return f'<section><h2>Why the window was flushed</h2><p class="note">{d["flushes"]["total"]:,} flushes in all.</p>{body}</section>'
+    of = f"{esc(name)}: " if suffix or name else ""
+    return f'<section><h2>Why the window was flushed</h2><p class="note">{of}{d["flushes"]["total"]:,} flushes in all.</p>{body}</section>'
 
 
-def _refusal_section(d: dict) -> str:
+def _refusal_section(d: dict, suffix: str = "") -> str:
     refusals = sorted(d.get("refusals", {}).items(), key=lambda x: (-x[1], x[0]))
     rows = "".join(f"<tr><td><code>{esc(r)}</code></td><td class=n>{n:,}</td><td>{esc(explain(r))}</td></tr>" for r, n in refusals)
-    body = f'<table id="refusals"><tr><th>reason</th><th>times</th><th>what it means</th></tr>{rows}</table>' if refusals \
+    body = f'<table id="refusals{suffix}"><tr><th>reason</th><th>times</th><th>what it means</th></tr>{rows}</table>' if refusals \
         else '<p class="empty">No fusion was refused.</p>'
     return ('<section><h2>Why not fused</h2><p class="note">Each time the planner declined to merge a producer into its consumer. '
             'Counted once per planned window: windows served from the plan cache are not counted again. '
@@ -388,21 +403,29 @@ def _fallback_and_caches(dumps: list, names) -> str:
 
 
 def render(dumps: list, names: list, traces: list = (), trace_names: list = ()) -> str:
-    """The report page for one or two statistics dicts and any number of traces."""
+    """The report page for one to three statistics dicts (e.g. strict, adaptive under our
+    policy, adaptive under TorchNeuron's: ``python -m adaptive_eager.compare``) and any
+    number of traces. The kernels, flushes and refusals are shown for the last adaptive
+    run, and, with three runs, for every adaptive run."""
     focus = next((i for i in range(len(dumps) - 1, -1, -1) if dumps[i]["mode"] == "adaptive"), len(dumps) - 1)
-    labels = [f"{os.path.basename(n)} ({d['mode']})" for n, d in zip(names, dumps)]
+    labels = [f"{os.path.basename(n)} ({run_label(d)})" for n, d in zip(names, dumps)]
     parts = [f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>neuron fusion report</title>'
              f'<meta name="viewport" content="width=device-width,initial-scale=1"><style>{CSS}</style></head><body><main>'
              f'<h1>neuron fusion report</h1><div class="sub">{esc(" vs ".join(labels))} · '
              f'{esc(dumps[focus].get("device", {}).get("name", "neuron"))}</div>',
              f'<p class="headline">{_headline(dumps)}</p>', _cards(dumps),
              f'<p class="note" id="device-time-note" style="margin-top:10px">{esc(device_time_note(dumps[focus]))}</p>']
-    if len(dumps) == 2:
-        parts.append(f'<section><h2>{esc(labels[0])} vs {esc(labels[1])}</h2><p class="note"><span class="legend">'
-                     f'<i style="background:var(--first)"></i>{esc(labels[0])}<i style="background:var(--second)"></i>{esc(labels[1])}'
-                     f'</span></p>{compare_bars(dumps[0], dumps[1], labels)}</section>')
-    parts += [_kernel_sections(dumps[focus], labels[focus]), _flush_section(dumps[focus]), _refusal_section(dumps[focus]),
-              _fallback_and_caches(dumps, labels)]
+    if len(dumps) >= 2:
+        legend = "".join(f'<i style="background:var(--{_RUN_CLASSES[i]})"></i>{esc(label)}' for i, label in enumerate(labels))
+        parts.append(f'<section><h2>{" vs ".join(esc(label) for label in labels)}</h2><p class="note"><span class="legend">'
+                     f'{legend}</span></p>{compare_bars(dumps, labels)}</section>')
+    others = [i for i, d in enumerate(dumps) if d["mode"] == "adaptive" and i != focus] if len(dumps) > 2 else []
+    for i in others:
+        suffix = f"-{i}"
+        parts += [_kernel_sections(dumps[i], labels[i], suffix), _flush_section(dumps[i], labels[i], suffix),
+                  _refusal_section(dumps[i], suffix)]
+    parts += [_kernel_sections(dumps[focus], labels[focus]), _flush_section(dumps[focus], labels[focus] if others else ""),
+              _refusal_section(dumps[focus]), _fallback_and_caches(dumps, labels)]
     paired = len(traces) == len(dumps)  # --trace given once per dump, in the same order
     parts += [timeline(t, f"{labels[i]}, {os.path.basename(n)}" if paired else os.path.basename(n), i)
               for i, (t, n) in enumerate(zip(traces, trace_names))]
@@ -414,12 +437,13 @@ def render(dumps: list, names: list, traces: list = (), trace_names: list = ()) 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m adaptive_eager.report",
                                      description="Write a self-contained HTML fusion report from NEURON_FUSION_STATS dumps.")
-    parser.add_argument("files", nargs="+", metavar="stats.json", help="one dump, or two to compare (e.g. strict.json adaptive.json)")
+    parser.add_argument("files", nargs="+", metavar="stats.json",
+                        help="one dump, or two or three to compare (e.g. strict.json adaptive.json)")
     parser.add_argument("--trace", action="append", default=[], metavar="trace.json", help="a NEURON_TRACE file (repeatable)")
     parser.add_argument("-o", "--output", default="report.html", help="where to write the page (default report.html)")
     args = parser.parse_args(argv)
-    if len(args.files) > 2:
-        parser.error("give one statistics file, or two to compare")
+    if len(args.files) > 3:
+        parser.error("give one statistics file, or two or three to compare")
     try:
         dumps = [load(path) for path in args.files]
         traces = [load_trace(path) for path in args.trace]

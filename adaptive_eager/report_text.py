@@ -135,8 +135,9 @@ def device_time_note(data: dict) -> str:
     launches = data["kernels_launched"]
     return (
         "Simulated device time is the simulator's cost model, not hardware: each kernel costs an assumed "
-        f"launch overhead of {overhead:g} us (NEURON_SIM_LAUNCH_US) plus its memory traffic or FLOPs "
-        f"at Trainium2's published peaks, whichever is slower. Here {launches} launches x {overhead:g} us = "
+        f"launch overhead of {overhead:g} us (NEURON_SIM_LAUNCH_US) plus the busiest of its engines and its "
+        f"memory traffic on one logical NeuronCore of Trainium2 (published figures). Here {launches} launches x "
+        f"{overhead:g} us = "
         f"{launches * overhead / 1000:.3f} ms, {_pct(launch_share(data))} of it"
         + (": it is mostly the launch count, which is what adaptive eager cuts." if (launch_share(data) or 0) >= 0.5 else ".")
     )
@@ -367,10 +368,65 @@ def format_comparison(first: dict, second: dict, names=("first", "second")) -> s
     shares = " and ".join(f"{_pct(launch_share(d))} in {name}" for d, name in ((first, names[0]), (second, names[1])))
     lines += [""] + _wrap(
         "device time: the simulator's cost model, not hardware. Each launch costs an assumed "
-        f"{launch_overhead_us(second):g} us of launch overhead (NEURON_SIM_LAUNCH_US) plus its traffic or FLOPs; "
+        f"{launch_overhead_us(second):g} us of launch overhead (NEURON_SIM_LAUNCH_US) plus its busiest engine or "
+        "its traffic; "
         f"launch overhead is {shares}.")
     if any(d["kernel_cache"]["hits"] + d["kernel_cache"]["misses"] for d in (first, second)):
         lines += _wrap("kernel cache: " + KERNEL_CACHE_NOTE)
+    return "\n".join(lines)
+
+
+def run_label(data: dict) -> str:
+    """``strict``, ``adaptive, ours`` or ``adaptive, torchneuron`` (``adaptive`` in a dump
+    that names no policy)."""
+    policy = data.get("policy")
+    return f"{data['mode']}, {policy}" if data["mode"] == "adaptive" and policy else data["mode"]
+
+
+_RUN_ROWS = (
+    ("ops recorded", lambda d: d["ops_recorded"], "{:,}"),
+    ("kernels launched", lambda d: d["kernels_launched"], "{:,}"),
+    ("ops per launch", lambda d: d["ops_recorded"] / d["kernels_launched"] if d["kernels_launched"] else None, "{:.2f}"),
+    ("fused launches", lambda d: d["fused_kernels"], "{:,}"),
+    ("flushes", lambda d: d["flushes"]["total"], "{:,}"),
+    ("bytes moved (MiB)", lambda d: d["bytes_moved"] / (1 << 20), "{:,.2f}"),
+    ("device time (ms)", lambda d: d["device_time_us"] / 1000, "{:,.3f}"),
+    ("launch overhead share", launch_share, "pct"),
+)
+
+
+def format_runs(dumps: list, names: list, top: int = 5) -> str:
+    """Several runs of one program side by side (``python -m adaptive_eager.compare``:
+    strict eager and adaptive eager under each policy), each against the first, then each
+    run's top kernels by simulated time."""
+    def cell(fmt, value):
+        if value is None:
+            return "-"
+        return _pct(value) if fmt == "pct" else fmt.format(value)
+
+    rows = []
+    for label, get, fmt in _RUN_ROWS:
+        values = [get(d) for d in dumps]
+        rows.append([label] + [cell(fmt, v) for v in values])
+    for label, key in (("launches vs first", "kernels_launched"), ("device time vs first", "device_time_us")):
+        base = dumps[0][key]
+        rows.append([label] + [f"{d[key] / base:.3f}x" if base else "-" for d in dumps])
+    lines = _table(rows, ("",) + tuple(names), right=tuple(range(1, len(names) + 1)))
+    for data, name in zip(dumps, names):
+        kernels = sorted(kernel_rows(data, True) + kernel_rows(data, False),
+                         key=lambda row: (-row["time_us"], -row["launches"], row["name"]))[:top]
+        lines += _kernels(f"{name}: top kernels by simulated time (of {len(data.get('kernels', {}))})", kernels,
+                          data["device_time_us"])
+        reasons = sorted(data["flushes"]["by_reason"].items(), key=lambda item: (-item[1], item[0]))
+        if reasons:
+            shown = ", ".join(f"{reason} {count}" for reason, count in reasons[:top])
+            more = f", and {len(reasons) - top} more" if len(reasons) > top else ""
+            lines += _wrap(f"{name}: window flushes by reason: {shown}{more}", indent="  ")
+    if len({d["ops_recorded"] for d in dumps}) > 1:
+        lines += ["", "note: the runs recorded different numbers of ops; are they the same program?"]
+    lines += [""] + _wrap(
+        "device time: the simulator's cost model (one logical NeuronCore of Trainium2, engine by engine), not "
+        f"hardware; each launch adds an assumed {launch_overhead_us(dumps[-1]):g} us (NEURON_SIM_LAUNCH_US).")
     return "\n".join(lines)
 
 

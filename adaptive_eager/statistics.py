@@ -135,6 +135,7 @@ def stats() -> dict:
     return {
         "version": STATS_VERSION,
         "mode": "adaptive" if current_sink().name == "adaptive" else "strict",
+        "policy": CONFIG.adaptive_policy if current_sink().name == "adaptive" else None,
         "ops_recorded": COUNTERS.ops_recorded,
         "kernels_launched": COUNTERS.kernels_launched,
         "fused_kernels": FUSION.fused_kernels,
@@ -160,7 +161,7 @@ def stats() -> dict:
         "launches_by_stream": {str(k): v for k, v in COUNTERS.launches_by_stream.items()},
         "kernels": {name: {"launches": n, "time_us": round(t, 3), "bytes": b} for name, (n, t, b) in kernels},
         "memory": {"peak_bytes": MEMORY.peak, "allocated_bytes": MEMORY.allocated},
-        "device": {"name": PROFILE.name, "launch_overhead_us": PROFILE.launch_overhead_us},
+        "device": {"name": PROFILE.name, "launch_overhead_us": PROFILE.launch_overhead_us, "lnc": PROFILE.lnc},
         "compiled": COMPILED.as_dict(),
     }
 

@@ -9,7 +9,10 @@ Ops on ``neuron`` are recorded into the window, not launched. The window is flus
 - when it holds ``NEURON_ADAPTIVE_WINDOW`` ops ("window_full");
 - before a barrier op, which then runs alone ("barrier: <op>");
 - on a stream change, an event record or a mode change;
-- by the adaptive policy ("queue_shallow"): once the window holds
+- by the adaptive policy ("queue_shallow"), under our policy (``NEURON_ADAPTIVE_POLICY=ours``,
+  the default; TorchNeuron's own is the other row of ``adaptive_eager/policies.py``, whose
+  fields this window reads: regions closed after a matmul, broken by in-place ops and
+  copies, buffered only while more than 15 kernels wait): once the window holds
   ``NEURON_ADAPTIVE_MIN_WINDOW`` ops, it is flushed as soon as the device's simulated
   backlog falls to ``NEURON_ADAPTIVE_SHALLOW_US`` or below (the device is about to starve:
   feed it now). While the device is busy (deep queue), the window keeps buffering, so
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import logging
 
+import torch
 from adaptive_eager_device.core.config import CONFIG
 from adaptive_eager_device.core.reasons import Flush
 from adaptive_eager_device.hardware.execution_queue import QUEUE
@@ -43,6 +47,7 @@ from .fusion.caches import CountingLRU
 from .fusion.categories import BARRIER, FOREACH, category
 from .fusion.kernels import KernelCache
 from .fusion.planner import plan_window
+from .policies import POLICIES, AdaptivePolicy, breaks_region
 from .statistics import FUSION
 
 LOG = logging.getLogger("adaptive_eager.window")
@@ -58,18 +63,25 @@ class WindowPolicy:
     """Adaptive eager's window thresholds (documented in the module docstring and the
     README), read live from ``CONFIG`` (``NEURON_ADAPTIVE_*``): ``max_ops`` and
     ``min_ops`` (window size bounds), ``shallow_us`` (the starved device's backlog),
-    ``patterns`` (the pattern library) and ``on_chip_bytes`` (the on-chip rule's budget:
-    one NeuronCore's SBUF; 0 turns the rule off). ``adaptive_eager.window_policy``
-    changes them for a region."""
+    ``patterns`` (the pattern library), ``on_chip_bytes`` (the on-chip rule's budget:
+    one NeuronCore's SBUF; 0 turns the rule off) and ``policy`` (``ours`` or
+    ``torchneuron``: the row of ``policies.POLICIES`` whose rules apply, :attr:`rules`).
+    ``adaptive_eager.window_policy`` changes them for a region."""
 
     FIELDS = {"max_ops": "window_ops", "min_ops": "min_window_ops", "shallow_us": "shallow_us",
-              "patterns": "patterns", "on_chip_bytes": "on_chip_bytes"}
+              "patterns": "patterns", "on_chip_bytes": "on_chip_bytes", "policy": "adaptive_policy"}
 
     max_ops = _configured("window_ops")
     min_ops = _configured("min_window_ops")
     shallow_us = _configured("shallow_us")
     patterns = _configured("patterns")
     on_chip_bytes = _configured("on_chip_bytes")
+    policy = _configured("adaptive_policy")
+
+    @property
+    def rules(self) -> AdaptivePolicy:
+        """The policy's row of ``policies.POLICIES``."""
+        return POLICIES[self.policy]
 
 
 def structure_key(ops, referenced=None) -> tuple:
@@ -132,6 +144,8 @@ class AdaptiveSink:
         self.unfusable: set = set()
         # id(op) -> its fusion category: an int key hashes in C, an OpOverload in Python
         self.kind_by_op: dict = {}
+        self.closed = False  # the last op recorded closed its region (a policy's closes_after)
+        self.planned_with = None  # the policy the cached plans were made under
         if shared_caches:
             FUSION.caches["plan_cache"] = self.plan_cache
             FUSION.caches["kernel_cache"] = self.kernel_cache
@@ -142,24 +156,44 @@ class AdaptiveSink:
         kind = self.kind_by_op.get(id(op))
         if kind is None:
             kind = self.kind_by_op[id(op)] = category(op)
+        policy = self.policy
+        rules = policy.rules
         if kind is BARRIER:
             self.flush(Flush.BARRIER.of(record.name))
             self._launch_single(record)
             return
+        if rules.breaks:  # (TorchNeuron's) in-place ops and copies run alone
+            broken = breaks_region(op, kind)
+            if broken:
+                self.flush(Flush.REGION_BREAK.of(f"{broken}: {record.name}"))
+                self._launch_single(record)
+                return
         # The policy flushes *before* appending: the op being recorded has not yet handed
         # its outputs to the caller, so it must not be judged dead in a flush now.
+        if self.closed:  # the op before closed its region (a matmul, under TorchNeuron's rules)
+            self.flush(Flush.REGION_CLOSED)
+        if rules.off_when_deterministic and torch.are_deterministic_algorithms_enabled():
+            self.flush(Flush.DETERMINISTIC)
+            self._launch_single(record)
+            return
         records = self.records
         count = len(records)
-        policy = self.policy
-        if count >= policy.max_ops:
+        if count >= (rules.max_ops or policy.max_ops):
             self.flush(Flush.WINDOW_FULL)
             records = self.records
+        elif rules.low_water_kernels is not None:
+            if QUEUE.backlog_kernels() <= rules.low_water_kernels:  # not buffering: launch now
+                self.flush(Flush.QUEUE_SHALLOW)
+                self._launch_single(record)
+                return
         elif count >= policy.min_ops and QUEUE.backlog_us() <= policy.shallow_us and not (
             kind is FOREACH and self.kind_by_op.get(id(records[-1].op)) is FOREACH
         ):  # (a multi-tensor chain, an optimizer step, stays in one window: one kernel)
             self.flush(Flush.QUEUE_SHALLOW)  # the device is starved
             records = self.records
         records.append(record)
+        if kind in rules.closes_after:
+            self.closed = True
         if CONFIG.launch_blocking:
             self.flush(Flush.LAUNCH_BLOCKING)
             QUEUE.wait()
@@ -169,6 +203,7 @@ class AdaptiveSink:
         """Plan (or look up) the window's records and hand them to the queue. ``key``: the
         window's ``_structure``, when the caller knows it already (a compiled graph's
         replay, ``replay.Template.structure``)."""
+        self.closed = False
         records = self.records
         if not records:
             return
@@ -179,14 +214,20 @@ class AdaptiveSink:
             self._mark_unfusable(failed)
         if key is None:
             key = self._structure(records)
+        policy = self.policy
+        rules = policy.rules
+        if rules is not self.planned_with:  # plans depend on the policy: a switch starts afresh
+            if self.planned_with is not None:
+                self.plan_cache.clear()
+            self.planned_with = rules
         injecting = QUEUE.injecting_faults  # any op may fail: plan afresh, in program order
         plan = None if injecting else self.plan_cache.lookup(key)
         if plan is None:
             escaping, released = self._escape_bits(records, key)
             plan = plan_window(
                 records, lambda index, position: (index, position) in escaping, self.unfusable,
-                self.kernel_cache, self.policy.on_chip_bytes, self.policy.patterns, every_op_fallible=injecting,
-                released=released,
+                self.kernel_cache, policy.on_chip_bytes, policy.patterns if rules.patterns is None else rules.patterns,
+                every_op_fallible=injecting, released=released, whole_window=rules.whole_window,
             )
             if not injecting:
                 self.plan_cache[key] = plan

@@ -1,6 +1,7 @@
 """Adaptive eager against strict eager, compiled mode, CPU eager and Inductor, side by side.
 
     python -m bench [--quick] [--workloads gpt,decode] [--modes cpu,strict,adaptive,neuron-compiled,compile] [--json]
+                    (--modes may also name adaptive-torchneuron: adaptive eager under TorchNeuron's policy)
     python -m bench --wrapper [--runs 3]
     python -m bench --realtime [options of bench/realtime.py]
 
@@ -39,6 +40,7 @@ from bench import SAVE_HELP, provenance, results_path  # noqa: E402
 from bench.workloads import WORKLOADS  # noqa: E402
 
 MODES = ["cpu", "strict", "adaptive", "neuron-compiled", "compile"]
+EXTRA_MODES = ["adaptive-torchneuron"]  # on request (--modes): adaptive eager under TorchNeuron's policy
 WRAPPER_MODES = ["cpu", "wrapper", "strict", "adaptive"]
 WRAPPER_WORKLOADS = ["gpt", "llama", "decode"]
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -68,8 +70,9 @@ def _fmt(value, digits=1):
 
 
 def summarize(results: dict) -> list[str]:
+    width = max([10] + [len(mode) + 1 for by_mode in results.values() for mode in by_mode])
     header = (
-        f"{'workload':<10}{'mode':<10}{'launches':>10}{'ops':>8}{'device us':>11}{'MiB moved':>11}"
+        f"{'workload':<10}{'mode':<{width}}{'launches':>10}{'ops':>8}{'device us':>11}{'MiB moved':>11}"
         f"{'host us/op':>12}{'host us/kern':>14}{'wall ms':>10}{'x cpu':>8}{'x cpu*':>8}{'max |diff|':>12}"
         f"{'peak MiB':>10}"
     )
@@ -78,12 +81,12 @@ def summarize(results: dict) -> list[str]:
         cpu_wall = by_mode.get("cpu", {}).get("wall_ms_per_step")
         for mode, r in by_mode.items():
             if "error" in r:
-                lines.append(f"{workload:<10}{mode:<10}  error: {r['error']}")
+                lines.append(f"{workload:<10}{mode:<{width}}  error: {r['error']}")
                 continue
             ratio = r["wall_ms_per_step"] / cpu_wall if cpu_wall else None
             moved = r.get("bytes_per_step")
             lines.append(
-                f"{workload:<10}{mode:<10}{_fmt(r['launches_per_step'], 0):>10}{_fmt(r['ops_per_step'], 0):>8}"
+                f"{workload:<10}{mode:<{width}}{_fmt(r['launches_per_step'], 0):>10}{_fmt(r['ops_per_step'], 0):>8}"
                 f"{_fmt(r.get('device_time_us_per_step'), 0):>11}{_fmt(moved / (1 << 20) if moved else None, 2):>11}"
                 f"{_fmt(r['host_us_per_op'], 2):>12}{_fmt(r.get('host_us_per_kernel'), 1):>14}"
                 f"{_fmt(r['wall_ms_per_step'], 2):>10}{_fmt(ratio, 2):>8}{_fmt(r.get('wall_vs_cpu_eager'), 2):>8}"
@@ -194,9 +197,10 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown workloads: {', '.join(unknown)} (known: {', '.join(WORKLOADS)})")
     modes = args.modes.split(",") if args.modes else (MODES[:3] if args.quick else MODES)
-    unknown = [m for m in modes if m not in MODES + WRAPPER_MODES]
+    unknown = [m for m in modes if m not in MODES + WRAPPER_MODES + EXTRA_MODES]
     if unknown:
-        parser.error(f"unknown modes: {', '.join(unknown)} (known: {', '.join(dict.fromkeys(MODES + WRAPPER_MODES))})")
+        parser.error(f"unknown modes: {', '.join(unknown)} "
+                     f"(known: {', '.join(dict.fromkeys(MODES + WRAPPER_MODES + EXTRA_MODES))})")
     vs_wrapper = "wrapper" in modes
     results: dict = {}
     started = time.perf_counter()

@@ -5,6 +5,8 @@
 Modes: ``cpu`` (CPU eager, the reference), ``wrapper`` (CPU eager through a thin
 pass-through ``__torch_dispatch__`` wrapper subclass, ``bench/wrapper.py``: the floor of a
 Python-level device's host cost), ``strict`` and ``adaptive`` (``neuron``),
+``adaptive-torchneuron`` (adaptive eager under TorchNeuron's own policy,
+``NEURON_ADAPTIVE_POLICY=torchneuron``: ``adaptive_eager/policies.py``),
 ``neuron-compiled`` (``torch.compile`` of the step on ``neuron``: the ``neuron`` backend,
 whole graphs through the fusion engine), ``compile`` (``torch.compile``, Inductor on the
 CPU). ``python -m bench`` runs one of these
@@ -137,11 +139,13 @@ def measure(workload_name: str, mode: str, steps: int, warmup: int, vs_wrapper: 
         for _ in range(warmup):
             wrapper_step()
     result: dict = {"workload": workload_name, "mode": mode}
-    device = "neuron" if mode in ("strict", "adaptive", "neuron-compiled") else "cpu"
+    device = "neuron" if mode in ("strict", "adaptive", "adaptive-torchneuron", "neuron-compiled") else "cpu"
     if device == "neuron":
         import adaptive_eager
+        from adaptive_eager_device.core.config import CONFIG
 
-        adaptive_eager.enable() if mode == "adaptive" else adaptive_eager.disable()
+        adaptive_eager.enable() if mode.startswith("adaptive") else adaptive_eager.disable()
+        CONFIG.adaptive_policy = "torchneuron" if mode == "adaptive-torchneuron" else "ours"
     compile_seconds = None
     if mode == "neuron-compiled":  # eager ops between graphs (graph breaks) run strict
         step = torch.compile(workload.build("neuron"))
@@ -241,7 +245,8 @@ def measure(workload_name: str, mode: str, steps: int, warmup: int, vs_wrapper: 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="measure one workload in one mode (see bench/measure.py)")
     parser.add_argument("workload", choices=sorted(WORKLOADS))
-    parser.add_argument("mode", choices=["cpu", "wrapper", "strict", "adaptive", "neuron-compiled", "compile"])
+    parser.add_argument("mode", choices=["cpu", "wrapper", "strict", "adaptive", "adaptive-torchneuron", "neuron-compiled",
+                                         "compile"])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--vs-wrapper", action="store_true",

@@ -16,7 +16,8 @@ Per (workload, size, mode), in a fresh process: launches, bytes moved and simula
 device time of one step (after a warm-up step; deterministic figures), and:
 
 - the **roofline bound** of the step: ``max(FLOPs / peak, compulsory bytes / bandwidth)``
-  at the device profile's float32 peak and HBM bandwidth (``device/hardware/cost_model.py``), with
+  at the device profile's float32 TensorE peak and DMA bandwidth (one logical NeuronCore,
+  ``device/hardware/cost_model.py``), with
   no launch overhead. FLOPs are ``torch.utils.flop_counter``'s (matmuls and attention;
   elementwise work is not counted) for the step on the CPU. **Compulsory bytes**:
   - training: the weights read once and written once (2W), AdamW's two moments read once
@@ -132,7 +133,7 @@ def roofline(workload: str, dim: int) -> dict:
         tokens = 2 * BATCH * SEQ * 8  # inputs and targets (int64)
         compulsory = 6 * weights + tokens + 4 + 2 * activations
     compute_us = flops / PROFILE.peak_fp32_flops * 1e6
-    memory_us = compulsory / PROFILE.hbm_bandwidth_bytes_per_s * 1e6
+    memory_us = compulsory / PROFILE.dma_bytes_per_s * 1e6
     return {"flops": flops, "weight_bytes": weights, "saved_activation_bytes": activations,
             "compulsory_bytes": compulsory, "compute_us": compute_us, "memory_us": memory_us,
             "bound_us": max(compute_us, memory_us)}
@@ -144,7 +145,10 @@ def measure_one(workload: str, dim: int, mode: str) -> dict:
 
     import adaptive_eager
 
-    adaptive_eager.enable() if mode == "adaptive" else adaptive_eager.disable()
+    from adaptive_eager_device.core.config import CONFIG
+
+    adaptive_eager.enable() if mode.startswith("adaptive") else adaptive_eager.disable()
+    CONFIG.adaptive_policy = "torchneuron" if mode == "adaptive-torchneuron" else "ours"
     step, _ = build(workload, dim, "neuron")
     if mode == "neuron-compiled":
         step = torch.compile(step)

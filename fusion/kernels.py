@@ -11,11 +11,13 @@ A fused kernel runs its ops back to back, in program order, keeping its *dead
 intermediates* in registers instead of device memory: an output produced and consumed
 inside the kernel, with no live Python reference and no view at flush, is never written
 back. Its cost counts only what crosses the kernel's boundary: each outside tensor read
-once, each surviving output written once.
+once, each surviving output written once. Its time is the busiest of its engines (each
+the sum of its ops' time on that engine) and of its DMA traffic (those bytes), without the
+launch overhead, which the queue adds per launch (``device/hardware/cost_model.py``).
 """
 from __future__ import annotations
 
-from adaptive_eager_device.hardware.cost_model import PROFILE
+from adaptive_eager_device.hardware.cost_model import ENGINES, PROFILE
 from adaptive_eager_device.hardware.plan import GroupSpec, KernelSpec
 
 from .caches import CountingLRU
@@ -77,13 +79,14 @@ def _build_spec(members, graph, where, dead, signature, patterns=(), repeats=1, 
     dead_storages = {records[members[offset]].results[position] for offset, position in dead}
     external_reads: dict = {}
     written: dict = {}
-    compute_us = 0.0
+    engine_us = [0.0] * len(ENGINES)
     unfused_bytes = 0
     for offset, index in enumerate(members):
         record = records[index]
         cost = record.cost
         unfused_bytes += cost.bytes
-        compute_us += cost.compute_us
+        for engine, us in enumerate(cost.engine_us):
+            engine_us[engine] += us
         for storage, nbytes in zip(record.reads, cost.read_bytes):
             produced = producer.get(storage)
             if produced is None or produced[0] not in where:  # from outside the kernel
@@ -122,8 +125,9 @@ def _build_spec(members, graph, where, dead, signature, patterns=(), repeats=1, 
     for value, offset in last_read.items():
         last_uses[offset].append(value)
     nbytes = sum(external_reads.values()) + sum(written.values())
-    memory_us = nbytes / PROFILE.hbm_bandwidth_bytes_per_s * 1e6
-    time_us = PROFILE.launch_overhead_us + max(memory_us, compute_us)
+    # its ops run back to back on each engine, the engines and the DMA queues in parallel;
+    # the launch overhead is the queue's to add, per launch (cost_model.py)
+    time_us = PROFILE.kernel_time_us(nbytes, engine_us)
     name = _kernel_name(members[: len(members) // repeats], records, patterns)
     if repeats > 1:
         name = f"{name} x{repeats}"

@@ -225,7 +225,8 @@ def _fuse_horizontally(groups, group_of, window: WindowGraph, members_of) -> Non
 
 
 def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_chip_bytes: int = 0,
-                patterns: bool = True, every_op_fallible: bool = False, released=frozenset()) -> Plan:
+                patterns: bool = True, every_op_fallible: bool = False, released=frozenset(),
+                whole_window: bool = False) -> Plan:
     """Group the window's records into kernels.
 
     ``escapes(index, position)`` tells whether a record's output is still referenced from
@@ -233,14 +234,25 @@ def plan_window(records, escapes, unfusable=frozenset(), kernel_cache=None, on_c
     ``released``: storages written in place that nothing references at flush (their
     writes need not be written back when only the kernel touches them).
     ``every_op_fallible``: any op may fail (fault injection), so kernels keep program order.
+    ``whole_window``: the window is one kernel, its ops in program order (a region that
+    TorchNeuron's policy compiles whole, ``adaptive_eager/policies.py``): no patterns, no
+    loop rules; what it writes back follows the same rules as any fused kernel.
     """
     count = len(records)
-    kinds = [category(record.op) for record in records]
     window = WindowGraph(records, escapes, released, every_op_fallible)
+    refusals: dict = {}
+    if whole_window:
+        members = tuple(range(count))
+        if count > 1 and unfusable and group_key(members, records) in unfusable:
+            refusals[Refused.FAILED_BEFORE] = 1  # it failed once as one kernel: op by op
+            specs = [group_spec((index,), window, kernel_cache) for index in members]
+        else:
+            specs = [group_spec(members, window, kernel_cache)]
+        return Plan(specs, refusals, records)
+    kinds = [category(record.op) for record in records]
     graph = window.dependencies
     groups = {index: Group(index, kinds[index], records[index]) for index in range(count)}
     group_of = list(range(count))
-    refusals: dict = {}
 
     def members_of(node):
         return groups[group_of[node]].members

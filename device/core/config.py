@@ -5,8 +5,10 @@ type, default, meaning). Every module reads its values from ``CONFIG`` when it u
 never a copy made at import, so tests and benchmarks change a live value through
 ``CONFIG`` (``CONFIG.launch_blocking = True``), never by editing ``os.environ`` after
 import. Two values are the process's for good once the device is registered: the device
-count (the C++ hooks hold it, as CUDA reads ``CUDA_VISIBLE_DEVICES`` once) and the
-device's first current index.
+count (the C++ hooks hold it, as CUDA reads ``CUDA_VISIBLE_DEVICES`` once), the
+device's first current index, and the logical-core configuration ``NEURON_SIM_LNC`` (the
+device profile, ``device/hardware/cost_model.py``, and the costs cached per op signature
+follow it; the Neuron runtime too reads its ``NEURON_LOGICAL_NC_CONFIG`` once).
 
 A bad value never breaks ``import torch`` (the device registers on every ``import torch``,
 also in programs that never use it): it is recorded in :data:`CONFIG.errors`, the default
@@ -70,6 +72,23 @@ def _text(text: str) -> str:
     return text
 
 
+def _choice(*allowed):
+    def parse(text: str):
+        for value in allowed:
+            if text.lower() == str(value).lower():
+                return value
+        raise ValueError("expected " + " or ".join(str(value) for value in allowed))
+
+    return parse
+
+
+def default_hbm_gb(lnc: int) -> float:
+    """One logical NeuronCore's share of a Trainium2 chip's 96 GiB of HBM: 24 GiB at LNC=2
+    (one of the chip's four 24 GB banks, shared by its two physical cores), 12 GiB at
+    LNC=1 (half a bank); ``device/hardware/cost_model.py`` cites the figures."""
+    return 96.0 * lnc / 8
+
+
 MAX_CORES = 64  # device indices a process may see (one Trn2 node's logical NeuronCores)
 
 
@@ -102,12 +121,17 @@ VARIABLES = (
      "the device worker runs kernels in C++ (0: every kernel through Python, the reference path)"),
     ("NEURON_COMPILED_REPLAY", "compiled_replay", _flag, True,
      "replay a compiled graph's recorded launches for calls of the same input signature"),
-    ("NEURON_ADAPTIVE_ON_CHIP_MB", "on_chip_mb", _number(0, False), 24.0,
-     "working set under which any ops may fuse (one NeuronCore's SBUF; 0 turns the rule off)"),
+    ("NEURON_ADAPTIVE_ON_CHIP_MB", "on_chip_mb", _number(0, False), 28.0,
+     "working set under which any ops may fuse (one NeuronCore-v3's SBUF, 28 MiB; 0 turns the rule off)"),
+    ("NEURON_ADAPTIVE_POLICY", "adaptive_policy", _choice("ours", "torchneuron"), "ours",
+     "adaptive eager's rules: ours, or TorchNeuron's own (regions closed at matmuls, broken by in-place ops)"),
     ("NEURON_SIM_HOST_US", "host_us_per_op", _number(0, False), 5.0, "simulated host cost of issuing one op"),
     ("NEURON_SIM_LAUNCH_US", "launch_us", _number(0, False), 10.0, "simulated launch overhead per kernel"),
     ("NEURON_SIM_LINK_GBPS", "link_gbps", _number(0, True), 100.0, "simulated inter-chip link bandwidth"),
-    ("NEURON_SIM_HBM_GB", "hbm_gb", _number(0, True), 96.0, "simulated device memory (one Trn2 chip)"),
+    ("NEURON_SIM_LNC", "lnc", _choice(1, 2), 2,
+     "physical NeuronCore-v3 per device (Trn2's logical NeuronCore config, LNC): 2 or 1"),
+    ("NEURON_SIM_HBM_GB", "hbm_gb", _number(0, True), None,
+     "simulated device memory in GiB (default: one logical core's share of a Trn2 chip, 24 at LNC=2, 12 at LNC=1)"),
     ("NEURON_SIM_CORES", "cores", parse_cores, None,
      "simulated NeuronCores each process sees, neuron:0..n-1 (default: LOCAL_WORLD_SIZE under torchrun, else 1)"),
     ("NEURON_SIM_FAULT", "faults", parse_fault_spec, (), "fault injection: aten::mul:3 makes the 3rd mul kernel fail"),
@@ -138,6 +162,8 @@ class DeviceConfig:
                 except ValueError as error:
                     self.errors.append(f"{variable}={text!r} is not valid: {error}")
             setattr(self, attribute, value)
+        if self.hbm_gb is None:
+            self.hbm_gb = default_hbm_gb(self.lnc)
         self.local_world_size = _torchrun_count(environ.get("LOCAL_WORLD_SIZE", ""))
         self.local_rank = _torchrun_count(environ.get("LOCAL_RANK", ""))
         if self.cores is None and (self.local_world_size or 0) > MAX_CORES:

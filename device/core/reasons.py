@@ -55,6 +55,10 @@ class Flush(_Reason):
     WINDOW_FULL = "window_full", "window reached its maximum size"
     QUEUE_SHALLOW = "queue_shallow", "device queue about to run dry: launch to keep it busy"
     LAUNCH_BLOCKING = "launch_blocking", "NEURON_LAUNCH_BLOCKING=1"
+    REGION_CLOSED = "region_closed", "TorchNeuron's policy: a matmul-like op closes the region it ends"
+    REGION_BREAK = "region_break", ("TorchNeuron's policy: an op that breaks a region (in place, a copy, a collective) "
+                                    "runs alone")
+    DETERMINISTIC = "deterministic", "TorchNeuron's policy: deterministic algorithms turn adaptive eager off"
     GRAPH = "graph", "a compiled graph's call ends: the whole graph is one window"
     STREAM_CHANGE = "stream_change", "the current stream changes"
     EVENT_RECORD = "event_record", "an event is recorded"

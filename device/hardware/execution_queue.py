@@ -39,6 +39,7 @@ not (the worker never takes it).
 """
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -111,6 +112,9 @@ class ExecutionQueue:
         self.host_us = 0.0  # host clock: CONFIG.host_us_per_op per issued op; waits at sync points
         self.device_free_us = 0.0  # when the device finishes the last launched kernel
         self.kernel_totals: dict = {}  # kernel name or op -> [launches, simulated us, bytes]
+        # simulated ends of the launched kernels the simulated host has not yet seen finish,
+        # in order (one in-order queue): backlog_kernels()
+        self._ends: collections.deque = collections.deque()
         self.trace_recorder = None  # a device.trace.TraceRecorder while tracing (read-only: set_trace_recorder)
         self._failed_kernels: list = []  # signatures of fused kernels an op failed in (worker -> host)
         self._failed_lock = threading.Lock()
@@ -158,11 +162,12 @@ class ExecutionQueue:
             self._worker.release()  # the Python objects of the native launches that ran
 
     def launch(self, kernel, key, nbytes: int, time_us: float, stream: int, ops: int = 1) -> int:
-        """Submit one kernel launch and account for it."""
+        """Submit one kernel launch and account for it (``time_us``: its time without the
+        launch overhead, which ``account`` adds)."""
         start = self.account(key, nbytes, time_us, stream)
         sequence = self.submit(kernel, stream, nbytes, ops)
         if self.trace_recorder is not None:
-            self.trace_recorder.kernel(kernel, key, start, time_us, stream, sequence)
+            self.trace_recorder.kernel(kernel, key, start, time_us + CONFIG.launch_us, stream, sequence)
         return sequence
 
     def launch_batch(self, kernels, costs, stream: int) -> None:
@@ -179,7 +184,7 @@ class ExecutionQueue:
                 self.launch(kernel, key, nbytes, time_us, stream, ops)
             return
         count = len(costs.each)
-        self._account(count, costs.nbytes, costs.time_us, costs.by_key, stream)
+        self._account(count, costs.nbytes, costs.time_us, costs.by_key, stream, costs.each)
         if type(kernels) is list:
             self.submitted += count
             self._batch.extend(kernels)
@@ -193,26 +198,46 @@ class ExecutionQueue:
             self.ring()
 
     def account(self, key, nbytes: int, time_us: float, stream: int) -> float:
-        """Count one launch (``key``: its op or fused kernel name) and return its simulated
-        start on the timeline."""
+        """Count one launch (``key``: its op or fused kernel name; ``time_us``: its time
+        without the launch overhead) and return its simulated start on the timeline."""
         return self._account(1, nbytes, time_us, ((key, 1, time_us, nbytes),), stream)
 
-    def _account(self, count: int, nbytes: int, time_us: float, by_key, stream: int) -> float:
+    def _account(self, count: int, nbytes: int, time_us: float, by_key, stream: int, each=None) -> float:
         """Count ``count`` launches issued together (``by_key``: ``(key, launches, time_us,
         bytes)`` per op or kernel name) and return the first one's simulated start. The
         simulated clocks advance here, at submission: with one in-order queue, a kernel
         starts when both the one before it has ended and the simulated host has issued
-        it, so its slot is known when it is issued."""
+        it, so its slot is known when it is issued.
+
+        ``time_us`` are the kernels' costs without the launch overhead (the cost model's,
+        cached per op signature and per fused kernel); each launch adds
+        ``CONFIG.launch_us`` (``NEURON_SIM_LAUNCH_US``) here, read live. ``each``: the
+        launches' ``(key, bytes, time_us, ops)`` in order, when there are several (their
+        ends, for :meth:`backlog_kernels`)."""
+        launch_us = CONFIG.launch_us
+        ends = self._ends
+        host = self.host_us
+        while ends and ends[0] <= host:  # finished before the host issues these
+            ends.popleft()
+        time_us += count * launch_us
         counters = COUNTERS
         counters.kernels_launched += count
         counters.bytes_moved += nbytes
         counters.device_time_us += time_us
         self.clock_us += time_us
         device_free = self.device_free_us
-        begin = device_free if device_free > self.host_us else self.host_us
+        begin = device_free if device_free > host else host
         self.device_free_us = begin + time_us
+        if each is None:
+            ends.append(begin + time_us)
+        else:
+            end = begin
+            for item in each:
+                end += item[2] + launch_us
+                ends.append(end)
         kernel_totals = self.kernel_totals
         for key, launches, key_us, key_bytes in by_key:
+            key_us += launches * launch_us
             totals = kernel_totals.get(key)
             if totals is None:
                 kernel_totals[key] = [launches, key_us, key_bytes]
@@ -239,6 +264,17 @@ class ExecutionQueue:
         and statistics repeatable run to run.
         """
         return self.device_free_us - self.host_us
+
+    def backlog_kernels(self) -> int:
+        """Kernels launched and not yet finished on the simulated timeline at the simulated
+        host's time (the running one included): the execution queue's depth in kernels, as
+        TorchNeuron's adaptive eager reads it (``adaptive_eager/policies.py``). Deterministic,
+        as :meth:`backlog_us`."""
+        ends = self._ends
+        host = self.host_us
+        while ends and ends[0] <= host:
+            ends.popleft()
+        return len(ends)
 
     def issue_ops(self, count: int) -> int:
         """Issue ``count`` ops at once, as the host would one by one (a compiled graph's

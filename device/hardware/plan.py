@@ -73,7 +73,7 @@ class KernelSpec:
         # last, released from the kernel's registers once it has run
         self.last_uses = last_uses
         self.bytes = nbytes
-        self.time_us = time_us
+        self.time_us = time_us  # without the launch overhead (the queue adds it)
         self.bytes_saved = bytes_saved
         self.ops = ops
         self.patterns = patterns  # PatternSpec: chains that run as one library kernel each
@@ -92,7 +92,9 @@ class GroupSpec:
 class LaunchCosts:
     """The costs of a plan's launches, summed once for the queue's accounting
     (``ExecutionQueue.launch_batch``): ``each`` is ``(key, bytes, time_us, ops)`` per
-    launch in order (``key``: the op, or the fused kernel's name)."""
+    launch in order (``key``: the op, or the fused kernel's name). Times are without the
+    launch overhead: the queue adds it per launch when it accounts for them (it is read
+    live, and a plan is reused for every window of its structure)."""
 
     __slots__ = ("each", "nbytes", "time_us", "ops", "by_key")
 

@@ -160,10 +160,11 @@ def run_collective(entry, args, kwargs):
     COUNTERS.collectives[name] += 1
     nbytes = _payload_bytes(args, kwargs)
     short = name.split("::")[-1]
-    time_us = PROFILE.collective_time_us(nbytes, _world_size(host_args), short.startswith(_TWO_PASSES))
+    transfer_us = PROFILE.collective_transfer_us(nbytes, _world_size(host_args), short.startswith(_TWO_PASSES))
     calls, total_bytes, total_us = COUNTERS.collective_totals.get(name, (0, 0, 0.0))
-    COUNTERS.collective_totals[name] = (calls + 1, total_bytes + nbytes, total_us + time_us)
-    QUEUE.account(entry.op, nbytes, time_us, _STREAMS.current)
+    COUNTERS.collective_totals[name] = (calls + 1, total_bytes + nbytes,
+                                        total_us + transfer_us + PROFILE.launch_overhead_us)
+    QUEUE.account(entry.op, nbytes, transfer_us, _STREAMS.current)  # (the queue adds the launch)
     # mutated inputs come back as the caller's tensors; fresh outputs (functional
     # collectives) become device tensors over the CPU result
     return upload_result(entry, result, args, kwargs)

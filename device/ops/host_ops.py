@@ -14,7 +14,7 @@ from ..core.counters import COUNTERS
 from ..core.errors import poisoned_read_error, users_error
 from ..core.reasons import Flush
 from ..hardware import sink
-from ..hardware.cost_model import PROFILE
+from ..hardware.cost_model import PROFILE, op_cost
 from ..hardware.execution_queue import QUEUE
 from ..hardware.streams import STATE as _STREAMS
 from ..memory.storage import DeviceStorage, storage_nbytes
@@ -96,14 +96,11 @@ def run_on_host(entry, args, kwargs, reason):
         # One blocking launch: counted and costed like any kernel, from its real sizes.
         COUNTERS.ops_recorded += 1
         written = [t for t in (result if isinstance(result, (list, tuple)) else (result,)) if isinstance(t, _Tensor)]
-        read = [t for t in host_args if isinstance(t, _Tensor)]
-        nbytes = sum(t.numel() * t.element_size() for t in read + written)
-        elements = max((t.numel() for t in read + written), default=0)
-        dtype = written[0].dtype if written else torch.float32
-        start = QUEUE.account(entry.op, nbytes, PROFILE.kernel_time_us(nbytes, elements, dtype), _STREAMS.current)
+        cost = op_cost(entry.op, host_args, host_kwargs, written)
+        start = QUEUE.account(entry.op, cost.bytes, cost.time_us, _STREAMS.current)
         trace = QUEUE.trace_recorder
         if trace is not None:
-            trace.kernel(entry.op, entry.op, start, PROFILE.kernel_time_us(nbytes, elements, dtype), _STREAMS.current, 0)
+            trace.kernel(entry.op, entry.op, start, cost.time_us + PROFILE.launch_overhead_us, _STREAMS.current, 0)
     if reason in (Flush.HOST_READ, Flush.COPY_TO_HOST):
         return result
     return upload_result(entry, result, args, kwargs)

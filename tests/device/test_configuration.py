@@ -45,6 +45,8 @@ BAD = [
     ("NEURON_SIM_FAULT", "mul", "expected op:n"),
     ("NEURON_LOG_LEVEL", "LOUD", "expected DEBUG, INFO"),
     ("NEURON_ADAPTIVE_ON_CHIP_MB", "-3", "expected a number >= 0"),
+    ("NEURON_SIM_LNC", "4", "expected 1 or 2"),
+    ("NEURON_ADAPTIVE_POLICY", "xla", "expected ours or torchneuron"),
 ]
 
 
@@ -70,6 +72,10 @@ def test_valid_values_of_every_kind_parse():
     assert config.log_level == 10
     defaults = DeviceConfig({})
     assert defaults.errors == [] and defaults.window_ops == 128 and defaults.adaptive is False
+    # one logical NeuronCore of Trn2 (LNC=2), its HBM share; LNC=1 halves it
+    assert (defaults.lnc, defaults.hbm_bytes, defaults.adaptive_policy) == (2, 24 << 30, "ours")
+    one = DeviceConfig({"NEURON_SIM_LNC": "1", "NEURON_ADAPTIVE_POLICY": "TorchNeuron"})
+    assert (one.errors, one.lnc, one.hbm_bytes, one.adaptive_policy) == ([], 1, 12 << 30, "torchneuron")
 
 
 def test_every_variable_is_in_the_readme():

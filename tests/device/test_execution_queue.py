@@ -8,6 +8,7 @@ import threading
 import pytest
 import torch
 
+from adaptive_eager_device.core.config import CONFIG
 from adaptive_eager_device.core.counters import COUNTERS
 from adaptive_eager_device.hardware.execution_queue import ExecutionQueue
 from adaptive_eager_device.hardware.plan import LaunchCosts
@@ -60,8 +61,9 @@ def test_a_batch_is_accounted_as_its_launches_one_by_one():
     separate, bulk = _accounted(one_by_one), _accounted(in_bulk)
     assert separate == bulk
     deltas, clock, free, totals = bulk
-    assert deltas == (3, 1600, 45.0) and clock == 45.0 and free == 3.0 + 45.0
-    assert totals == {"aten::mul": (2, 25.0, 800), "mul|add": (1, 20.0, 800)}
+    launch = CONFIG.launch_us  # added per launch at accounting (COSTS hold none)
+    assert deltas == (3, 1600, 45.0 + 3 * launch) and clock == 45.0 + 3 * launch and free == 3.0 + 45.0 + 3 * launch
+    assert totals == {"aten::mul": (2, 25.0 + 2 * launch, 800), "mul|add": (1, 20.0 + launch, 800)}
     assert ran == [key for key, *_ in COSTS] * 2  # in order, both times
 
 
@@ -85,8 +87,8 @@ def test_items_wait_for_the_doorbell():
 
 def test_the_backlog_is_the_simulated_device_ahead_of_the_host():
     queue = ExecutionQueue()
-    queue.launch(Item([], "k"), "k", 0, 100.0, stream=0)
-    assert queue.backlog_us() == 100.0
+    queue.launch(Item([], "k"), "k", 0, 90.0, stream=0)
+    assert queue.backlog_us() == 90.0 + CONFIG.launch_us == 100.0  # the kernel and its launch
     queue.issue_ops(4)  # four ops issued at CONFIG.host_us_per_op (5 us) each
     assert queue.backlog_us() == pytest.approx(80.0)
     queue.wait()  # the simulated host waited for the device

@@ -62,11 +62,11 @@ def test_event_elapsed_time_is_simulated_device_time(any_mode):
     start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
     a = torch.ones(1024, 1024, dtype=torch.bfloat16, device="neuron")
     start.record()
-    b = a @ a  # compute-bound: 2 * 1024^3 FLOPs at 667 TFLOP/s, plus 10 us launch
+    b = a @ a  # compute-bound: 8 x 8 x 2 nc_matmul tiles of 512 cycles at 2.4 GHz on two cores, plus 10 us launch
     end.record()
     end.synchronize()
     assert start.query() and end.query()
-    expected_us = 10.0 + 2 * 1024**3 / 667e12 * 1e6
+    expected_us = 10.0 + 8 * 8 * 2 * 512 / 2 / 2.4e9 * 1e6
     assert abs(start.elapsed_time(end) - expected_us / 1000) < 1e-9
     assert b.dtype == torch.bfloat16
 
