@@ -104,9 +104,7 @@ def _worker_cpu_seconds() -> float:
     except ImportError:
         return 0.0
     worker = QUEUE._worker
-    if worker is None or worker.ident is None:
-        return 0.0
-    return time.clock_gettime(time.pthread_getcpuclockid(worker.ident))
+    return 0.0 if worker is None else worker.cpu_seconds()
 
 
 def _count_ops(eager_step) -> int:

@@ -47,6 +47,9 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+
+#include <pthread.h>
+#include <time.h>
 #include <unordered_map>
 
 namespace neuron {
@@ -527,6 +530,8 @@ struct Queue : std::enable_shared_from_this<Queue> {
   std::atomic<int64_t> fallbacks{0};
   std::atomic<int64_t> native_ns{0};  // time the worker spent running native launches
   std::atomic<int> worker_threads{0};
+  std::atomic<bool> has_thread{false};
+  pthread_t thread{};  // the worker's, once it runs (has_thread): for its CPU clock
   std::atomic<int> threads{0};  // the host's intra-op threads: kernels run under what they were issued with
   std::mutex done_mutex;
   std::vector<PyObject*> done;       // released by the host, with the GIL
@@ -629,6 +634,8 @@ struct Queue : std::enable_shared_from_this<Queue> {
 
   static void work(std::shared_ptr<Queue> self) {
     Queue& q = *self;
+    q.thread = pthread_self();
+    q.has_thread.store(true, std::memory_order_release);
     at::init_num_threads();  // the intra-op threads torch.set_num_threads asks for, on this thread too
     while (true) {
       std::vector<Item> batch;
@@ -763,6 +770,17 @@ void register_executor(py::module& m) {
         counts["native_us"] = q.native_ns.load() / 1000.0;
         counts["worker_threads"] = q.worker_threads.load();
         return counts;
+      })
+      .def("cpu_seconds", [](const Queue& q) {
+        // CPU time the worker thread has used so far (0 before it runs): bench/measure.py
+        // subtracts it from the process's to get the host thread's.
+        clockid_t clock;
+        timespec now{};
+        if (!q.has_thread.load(std::memory_order_acquire) || pthread_getcpuclockid(q.thread, &clock) != 0 ||
+            clock_gettime(clock, &now) != 0) {
+          return 0.0;
+        }
+        return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
       });
   m.def("bind", &bind);
   m.def("native_op", &native_op);
