@@ -239,7 +239,7 @@ class AdaptiveSink:
         command_list = WindowLaunches(plan.launches, records, stream, off)
         if not QUEUE.observing:
             QUEUE.launch_batch(command_list, plan.costs, stream)
-        else:  # the trace and the profiler see every kernel on its own
+        else:  # the trace sees every kernel on its own
             QUEUE.launch_batch(command_list.kernels(), plan.costs, stream)
 
     @staticmethod

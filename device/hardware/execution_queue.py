@@ -22,7 +22,7 @@ simulated clock). Items call back into the queue to report failures
 What the host side (the runtime, ``adaptive_eager``) asks of the queue is public API, not
 its fields: ``backlog_us()`` (the simulated device ahead of the host), ``trace_recorder``
 (the timeline while tracing, else None; set by ``set_trace_recorder``), ``observing``
-(tracing or profiling: each kernel its own queue item), ``injecting_faults``,
+(tracing: each kernel its own queue item), ``injecting_faults``,
 ``issue_ops`` (ops issued without the per-op path: a compiled graph's replay),
 ``take_failed_kernels`` and ``reset_kernel_summary``. A fused kernel asks
 ``must_run_op_by_op(records)`` before it runs, and ``op_record.run_record`` applies the
@@ -30,6 +30,11 @@ failure rules to each op.
 
 The host waits with :meth:`ExecutionQueue.wait`, which rethrows the earliest failure as
 ``NeuronRuntimeError`` and clears it, so the device is usable again afterwards.
+
+``torch.profiler``: every launch accounted here (``launch``, ``launch_batch``, ``account``:
+what ``stats()["kernels_launched"]`` counts) is also told to the device's Kineto profiler
+(``device/hardware/profiler.py``) while a profile records, and each wait is a
+``neuron::synchronize`` range; with no profiler, one module-global read per launch.
 
 :data:`HOST_LOCK`: the host side of the device is one critical section. Ops issued from
 several threads are recorded, windowed and submitted one at a time, in one issue order,
@@ -44,12 +49,12 @@ import queue as _queue
 import threading
 import time
 
-import torch
-
 from ..core.config import CONFIG, parse_fault_spec
 from ..core.counters import COUNTERS
 from ..core.errors import FailureState, KernelFailure, NeuronRuntimeError
 from ..memory.storage import keep_freed_memory
+from . import profiler
+from .profiler import PROFILER
 
 HOST_LOCK = threading.RLock()
 
@@ -153,7 +158,9 @@ class ExecutionQueue:
 
     def launch(self, kernel, key, nbytes: int, time_us: float, stream: int, ops: int = 1) -> int:
         """Submit one kernel launch and account for it."""
-        start = self.account(key, nbytes, time_us, stream)
+        start = self._account(1, nbytes, time_us, ((key, 1, time_us, nbytes),), stream)
+        if PROFILER._is_profiler_enabled:
+            profiler.launched(kernel, key, time_us, stream)
         sequence = self.submit(kernel, stream, nbytes, ops)
         if self.trace_recorder is not None:
             self.trace_recorder.kernel(kernel, key, start, time_us, stream, sequence)
@@ -174,6 +181,8 @@ class ExecutionQueue:
             return
         count = len(costs.each)
         self._account(count, costs.nbytes, costs.time_us, costs.by_key, stream)
+        if PROFILER._is_profiler_enabled:
+            profiler.launched_window(kernels, costs, stream)  # before the worker can release the records
         if type(kernels) is list:
             self.submitted += count
             self._batch.extend(kernels)
@@ -187,9 +196,12 @@ class ExecutionQueue:
             self.ring()
 
     def account(self, key, nbytes: int, time_us: float, stream: int) -> float:
-        """Count one launch (``key``: its op or fused kernel name) and return its simulated
-        start on the timeline."""
-        return self._account(1, nbytes, time_us, ((key, 1, time_us, nbytes),), stream)
+        """Count one launch the host runs itself, inside its op (a data-dependent op, a
+        collective; ``key``: its op) and return its simulated start on the timeline."""
+        start = self._account(1, nbytes, time_us, ((key, 1, time_us, nbytes),), stream)
+        if PROFILER._is_profiler_enabled:
+            profiler.host_kernel(key, time_us, stream)
+        return start
 
     def _account(self, count: int, nbytes: int, time_us: float, by_key, stream: int) -> float:
         """Count ``count`` launches issued together (``by_key``: ``(key, launches, time_us,
@@ -252,9 +264,9 @@ class ExecutionQueue:
 
     @property
     def observing(self) -> bool:
-        """Tracing or profiling: each kernel goes on the queue as its own item, so the
-        timeline and the profiler give it a slot of its own."""
-        return self.trace_recorder is not None or torch.autograd.profiler._is_profiler_enabled
+        """Tracing: each kernel goes on the queue as its own item, so the timeline gives it
+        a slot of its own (the profiler needs none: it lays kernels out at launch)."""
+        return self.trace_recorder is not None
 
     @property
     def injecting_faults(self) -> bool:
@@ -273,7 +285,12 @@ class ExecutionQueue:
 
     def wait(self) -> None:
         """Drain, then rethrow the earliest deferred failure, if any, and clear it."""
-        self.drain()
+        if PROFILER._is_profiler_enabled:
+            begin = profiler.wait_begin()
+            self.drain()
+            profiler.wait_end(begin)
+        else:
+            self.drain()
         if self.device_free_us > self.host_us:
             self.host_us = self.device_free_us  # the simulated host waited for the device
         self.raise_pending()
@@ -356,7 +373,6 @@ class ExecutionQueue:
         get = self._items.get
         while True:
             batch = get()
-            profiling = torch.autograd.profiler._is_profiler_enabled
             for index in range(len(batch)):
                 # Drop each kernel (and the tensors it holds) before running the next one:
                 # once a fence signals the host, the worker must hold no tensor, or a host
@@ -364,24 +380,20 @@ class ExecutionQueue:
                 # aborts during interpreter finalization.
                 item = batch[index]
                 batch[index] = None
-                if self.trace_recorder is None and not profiling:
+                if self.trace_recorder is None:
                     item.execute(self)
                 else:
-                    self._launch_observed(item, profiling)
+                    self._launch_observed(item)
                 item = None
                 self.completed += 1
 
-    def _launch_observed(self, item, profiling: bool) -> None:
-        """Launch under the timeline and/or ``torch.profiler`` (a ``neuron::`` range)."""
+    def _launch_observed(self, item) -> None:
+        """Launch under the timeline: when the worker really ran it."""
         started = time.perf_counter()
-        if profiling and (hasattr(item, "op") or hasattr(item, "records")):
-            name = getattr(item, "name", "kernel")
-            with torch.autograd.profiler.record_function(f"neuron::{name}"):
-                item.execute(self)
-        else:
-            item.execute(self)
-        if self.trace_recorder is not None:
-            self.trace_recorder.executed(self.completed + 1, started, time.perf_counter())
+        item.execute(self)
+        recorder = self.trace_recorder
+        if recorder is not None:
+            recorder.executed(self.completed + 1, started, time.perf_counter())
 
     def inject_fault(self, op_name: str, nth: int = 1) -> None:
         """Make the ``nth`` kernel running ``op_name`` fail (counted from now)."""
