@@ -271,6 +271,7 @@ void NeuronSession::processTrace(libkineto::ActivityLogger& logger, libkineto::g
     act.linked = linked(issue.corr);
     act.addMetadataQuoted("op", issue.name);
     if (issue.flow) {
+      act.addMetadata("correlation", issue.flow);  // as a CUDA launch's, on the kernel too
       act.flow.id = issue.flow;
       act.flow.type = libkineto::kLinkAsyncCpuGpu;
       act.flow.start = 1;
@@ -299,6 +300,7 @@ void NeuronSession::processTrace(libkineto::ActivityLogger& logger, libkineto::g
     act.resource = kernel.stream;
     act.startTime = kernel.start_ns;
     act.endTime = kernel.end_ns;
+    act.addMetadata("device", kLane);  // the CUDA kernel's args tools read (TensorBoard, HTA)
     act.addMetadata("stream", kernel.stream);
     act.addMetadata("queue sequence", kernel.sequence);
     act.addMetadata("ops", kernel.ops.size());
@@ -307,6 +309,7 @@ void NeuronSession::processTrace(libkineto::ActivityLogger& logger, libkineto::g
     if (kernel.ops.size() == 1) {
       // One op: the kernel is that op's (its device time in key_averages), the flow's end.
       const auto& issue = issues_[kernel.ops[0]];
+      act.addMetadata("correlation", issue.flow);
       act.id = static_cast<int32_t>(issue.corr);
       act.linked = linked(issue.corr);
       act.flow.id = issue.flow;
@@ -358,6 +361,9 @@ void NeuronSession::processTrace(libkineto::ActivityLogger& logger, libkineto::g
       share.flow.id = issue.flow;
       share.flow.type = libkineto::kLinkAsyncCpuGpu;
       share.flow.start = 0;
+      share.addMetadata("device", kLane);
+      share.addMetadata("stream", kernel.stream);
+      share.addMetadata("correlation", issue.flow);
       share.addMetadata("queue sequence", kernel.sequence);
       share.addMetadata("share", w / total);
       share.log(logger);
