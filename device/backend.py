@@ -11,7 +11,7 @@ Entry point: :func:`register` (idempotent). It runs on ``import torch`` through 
    resizing, pinned host memory, generators, and the device guard of the device indices
    (``device/memory/indices.py``);
 3. sends every aten op on a neuron tensor, and every factory naming the device, to the
-   dispatcher (``dispatch.dispatch``): one boxed fallback at the PrivateUse1 key for the
+   dispatcher (``ops/dispatch.py: run``): one boxed fallback at the PrivateUse1 key for the
    ops with no kernel for the device, and a PrivateUse1 kernel for each op whose
    composite would otherwise run (structured ops would arrive as ``empty`` plus ``.out``,
    ``full`` as ``empty`` plus ``fill_``), so that each op reaches it whole, as written;

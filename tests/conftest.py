@@ -45,6 +45,15 @@ def strict_mode():
     adaptive_eager.reset_stats()
 
 
+def on_device(*tensors):
+    """Copies of CPU tensors on the device, uploaded and synchronized, with the statistics
+    zeroed afterwards: a test's counts then start at its own ops."""
+    out = [t.to("neuron") for t in tensors]
+    torch.neuron.synchronize()
+    adaptive_eager.reset_stats()
+    return out
+
+
 def windows_at_sync_points(**policy_fields):
     """The body of a fixture (``yield from`` it): adaptive eager with its window flushed
     only at sync points, so each synchronized region is one window; ``policy_fields`` set

@@ -55,7 +55,7 @@ def _tensor_index(entry, value, found: int) -> int:
 
 def op_index(entry, args, kwargs) -> int:
     """The device the op of ``entry`` runs on (see the module docstring); raises
-    :func:`mismatch` when its neuron tensors disagree, :func:`invalid_ordinal` for a
+    :func:`mismatch` when its neuron tensors disagree, ``indices.invalid_ordinal`` for a
     ``device=`` out of range. On the per-op path when there are several devices."""
     if kwargs:
         device = kwargs.get("device")

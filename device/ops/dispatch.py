@@ -45,8 +45,8 @@ from .views import run_metadata, run_view
 aten = torch.ops.aten
 
 
-def dispatch(op, args, kwargs):
-    """``op`` (an OpOverload) on the device."""
+def run_op(op, args, kwargs):
+    """``op`` (an ``OpOverload``) on the device: :func:`run` with its entry."""
     return run(op_entry(op), args, kwargs)
 
 
@@ -78,7 +78,7 @@ def run_copy(entry, args, kwargs):
     if op is aten._copy_from.default:  # dst.copy_(src) with src on the device
         src, dst = args[0], args[1]
         non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-        return dispatch(aten.copy_.default, (dst, src), {"non_blocking": non_blocking})
+        return run_op(aten.copy_.default, (dst, src), {"non_blocking": non_blocking})
     return run_on_host(entry, args, kwargs, Flush.FALLBACK)
 
 
@@ -121,8 +121,8 @@ def run_like(entry, args, kwargs):
     """``zeros_like(x)``, ``ones_like(x)``, ``full_like(x, v)``: ``empty_like`` with the same
     keyword arguments (x's metadata only), then one fill kernel."""
     fill, fill_args = LIKE_FILLS[entry.op]
-    out = dispatch(aten.empty_like.default, (args[0],), kwargs)
-    return dispatch(fill, (out, *fill_args(args)), {})
+    out = run_op(aten.empty_like.default, (args[0],), kwargs)
+    return run_op(fill, (out, *fill_args(args)), {})
 
 
 def run_data_dependent(entry, args, kwargs):

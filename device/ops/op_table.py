@@ -115,7 +115,7 @@ class OpEntry:
     """What the dispatcher needs to know about one overload, computed once."""
 
     __slots__ = (
-        "op", "kind", "name", "mutated", "return_alias", "generator_arg", "random",
+        "op", "kind", "name", "mutated", "return_alias", "generator_arg", "random", "dropout_arg",
         "scalar_values_matter", "checked_on_cpu", "allocation", "rewrite", "host_random", "composite", "layout_arg", "serial",
     )
 
@@ -144,6 +144,10 @@ class OpEntry:
         )
         # draws random numbers: tagged so, or takes a generator (binomial is not tagged)
         self.random = torch.Tag.nondeterministic_seeded in tags or self.generator_arg is not None
+        # a random op that draws only for its dropout (the fused attention kernels, tagged
+        # random for it): (position, name) of its ``dropout_p``; with 0 it draws nothing
+        self.dropout_arg = next(
+            ((i, a.name) for i, a in enumerate(schema.arguments) if a.name == "dropout_p" and self.random), None)
         # Whether float arguments can change output metadata (arange's end, interpolate's
         # scale). Not for pointwise ops, foreach/fused optimizer ops, or in-place ops
         # that return only their mutated inputs: their cache key holds a float's type,

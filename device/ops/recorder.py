@@ -1,6 +1,6 @@
 """Recording a kernel: the low-level recorder under the op routing (``dispatch.py``).
 
-Entry points: :func:`launch` (a kernel op -> outputs now, an :class:`OpRecord` handed to
+Entry points: :func:`record_kernel` (a kernel op -> outputs now, an :class:`OpRecord` handed to
 the sink) and :func:`allocate` (``empty``-like ops: memory, no kernel).
 
 A kernel is *recorded*: output metadata from cached shape inference (``shapes.py``),
@@ -47,7 +47,7 @@ _SCALARS = (int, float, bool)
 _default_dtype = torch.get_default_dtype
 
 # Ops that may take CPU tensors of any rank beside neuron ones, as CUDA's indexing does
-# (``_to_copy`` of a host tensor is an upload, ``host_ops._upload``).
+# (``_to_copy`` of a host tensor is an upload, ``dispatch._upload``).
 _HOST_TENSORS_OK = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default,
                     aten._index_put_impl_.default, aten.copy_.default, aten._to_copy.default,
                     # a CPU index in index_fill (issue 19: PyTorch's suites pass one)
@@ -190,7 +190,7 @@ def record_kernel(entry, args, kwargs):
     started = perf_counter() if trace is not None else 0.0
     if entry.rewrite is not None:
         entry = entry.rewrite
-    if entry.random and (entry.host_random or _explicit_generator(kwargs)):
+    if entry.random and (entry.host_random or _explicit_generator(kwargs)) and _draws(entry, args, kwargs):
         return run_on_host(entry, args, kwargs or {}, Flush.RANDOM_ON_HOST)
     try:
         signature, refs, kwrefs, reads, nested = _record_call(entry, args, kwargs)
@@ -257,6 +257,17 @@ def record_kernel(entry, args, kwargs):
         profiler_issued(record)
     sink._sink.record(record)
     return _build_return(entry, inference.structure, outputs, args, kwargs)
+
+
+def _draws(entry, args, kwargs) -> bool:
+    """Does this call of a random op draw? Not a fused attention kernel's with no dropout:
+    it is tagged random for its dropout alone (``OpEntry.dropout_arg``)."""
+    dropout = entry.dropout_arg
+    if dropout is None:
+        return True
+    index, name = dropout
+    value = args[index] if index < len(args) else (kwargs or {}).get(name, 0.0)
+    return value != 0.0
 
 
 def _neuron_generator(kwargs) -> bool:

@@ -26,64 +26,36 @@ saying which distributions clash.
 """
 from __future__ import annotations
 
-import importlib.machinery
 import importlib.metadata
 import importlib.util
 import os
 import sys
-import warnings
+
+
+def _compat_names():
+    """device/core/compat_names.py (the step-aside rule this module shares with ``nki``), loaded by path
+    from the installed adaptive_eager_device package without importing that package."""
+    spec = importlib.util.find_spec("adaptive_eager_device")
+    path = os.path.join(list(spec.submodule_search_locations)[0], "core", "compat_names.py")
+    file_spec = importlib.util.spec_from_file_location("_adaptive_eager_compat_names", path)
+    module = sys.modules.get(file_spec.name)
+    if module is None:
+        module = importlib.util.module_from_spec(file_spec)
+        sys.modules[file_spec.name] = module
+        file_spec.loader.exec_module(module)
+    return module
+
 
 #: This is the compatibility module, not TorchNeuron.
 SIMULATED = True
 PROVIDER = "adaptive-eager"
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_COMPAT = _compat_names()
 
-
-def _canonical(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
-
-
-def _other_providers() -> list[str]:
-    """Installed distributions other than adaptive-eager that provide ``torch_neuronx``:
-    the one named ``torch-neuronx`` (TorchNeuron's), and any whose files or top-level
-    names include it."""
-    found = []
-    for dist in importlib.metadata.distributions():
-        name = dist.metadata["Name"] or ""
-        if _canonical(name) == PROVIDER:
-            continue
-        if _canonical(name) == "torch-neuronx":
-            found.append(f"{name} {dist.version}")
-            continue
-        top_level = (dist.read_text("top_level.txt") or "").split()
-        if "torch_neuronx" in top_level:
-            found.append(f"{name} {dist.version}")
-    return found
-
-
-def _step_aside(providers: list[str]) -> None:
-    """Load the other ``torch_neuronx`` in this module's place, or refuse."""
-    paths = [p for p in sys.path
-             if os.path.realpath(os.path.join(p or os.getcwd(), "torch_neuronx")) != os.path.realpath(_HERE)]
-    spec = importlib.machinery.PathFinder.find_spec("torch_neuronx", paths)
-    if spec is None or spec.origin is None or os.path.dirname(os.path.realpath(spec.origin)) == os.path.realpath(_HERE):
-        raise ImportError(
-            f"torch_neuronx: {', '.join(providers)} is installed, but this torch_neuronx is adaptive-eager's "
-            f"compatibility module for its simulated device ({_HERE}), not TorchNeuron, and no other "
-            "torch_neuronx is on sys.path (two non-editable installs wrote the same folder). Uninstall "
-            "adaptive-eager, or install it editable (pip install -e), then reinstall torch-neuronx.")
-    warnings.warn(
-        f"torch_neuronx: {', '.join(providers)} is installed; adaptive-eager's compatibility module steps "
-        f"aside and loads {spec.origin} instead.", RuntimeWarning, stacklevel=3)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[__name__] = module
-    spec.loader.exec_module(module)
-
-
-_providers = _other_providers()
+_providers = _COMPAT.other_providers("torch_neuronx", ("torch-neuronx",))
 if _providers:
-    _step_aside(_providers)
+    _COMPAT.step_aside("torch_neuronx", _HERE, _providers, "compatibility module for its simulated device")
 else:
     import torch
     from adaptive_eager_device import register as _register

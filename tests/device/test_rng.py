@@ -201,3 +201,26 @@ def test_random_ops_are_queued_not_run_on_the_host(name):
     adaptive_eager.reset_stats()
     RANDOM_OPS[name]("neuron", x, None)
     assert dict(adaptive_eager.stats()["sync_points"]) == {}
+
+
+def test_attention_without_dropout_is_a_kernel_not_a_random_op_on_the_host(any_mode):
+    """The CPU's fused attention kernel is tagged random for its dropout: with
+    ``dropout_p=0`` it draws nothing, so it is queued as a kernel, with no sync point and
+    no swap of the generator's state (a decode step calls it once per layer)."""
+    q, k, v = (torch.randn(1, 4, 8, 16) for _ in range(3))
+    on = [t.to("neuron") for t in (q, k, v)]
+    torch.neuron.synchronize()
+    adaptive_eager.reset_stats()
+    out = torch.nn.functional.scaled_dot_product_attention(*on, is_causal=True)
+    assert adaptive_eager.stats()["sync_points"] == {}
+    torch.testing.assert_close(out.cpu(), torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+def test_attention_with_dropout_still_draws_as_the_cpu_draws(any_mode):
+    q, k, v = (torch.randn(1, 4, 8, 16) for _ in range(3))
+    on = [t.to("neuron") for t in (q, k, v)]
+    torch.manual_seed(3)
+    out = torch.nn.functional.scaled_dot_product_attention(*on, dropout_p=0.5)
+    torch.manual_seed(3)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    torch.testing.assert_close(out.cpu(), expected)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import adaptive_eager
 from adaptive_eager.fusion.window_graph import would_create_cycle
-from conftest import assert_same, windows_at_sync_points
+from conftest import assert_same, on_device, windows_at_sync_points
 
 
 @pytest.fixture(autouse=True)
@@ -19,13 +19,6 @@ def policy(adaptive_mode):
     one window, so its kernel count depends on the fusion rules alone. The loop rules are
     tested on their own (on-chip fusion off), the on-chip rule at the end."""
     yield from windows_at_sync_points(on_chip_bytes=0)
-
-
-def device(*tensors):
-    out = [t.to("neuron") for t in tensors]
-    torch.neuron.synchronize()
-    adaptive_eager.reset_stats()
-    return out
 
 
 def kernels():
@@ -38,7 +31,7 @@ def kernels():
 
 def test_pointwise_chain_fuses_into_one_kernel():
     x = torch.randn(8, 16)
-    (d,) = device(x)
+    (d,) = on_device(x)
     assert_same((d * 2 + 1).relu(), (x * 2 + 1).relu())
     assert kernels() == (1, ["mul|add|relu"])
     stats = adaptive_eager.stats()
@@ -50,21 +43,21 @@ def test_pointwise_chain_fuses_into_one_kernel():
 
 def test_pointwise_chain_with_broadcasting_and_type_promotion():
     x, y, z = torch.randn(4, 8), torch.randn(8), torch.arange(4).view(4, 1)
-    dx, dy, dz = device(x, y, z)
+    dx, dy, dz = on_device(x, y, z)
     assert_same(torch.sigmoid(dx * dy + dz) - dz, torch.sigmoid(x * y + z) - z)
     assert kernels() == (1, ["mul|add|sigmoid|sub"])
 
 
 def test_reduction_fuses_with_its_prologue_and_epilogue():
     x = torch.randn(16, 32)
-    (d,) = device(x)
+    (d,) = on_device(x)
     assert_same((d.exp() * 2).sum(-1).sqrt() + 1, (x.exp() * 2).sum(-1).sqrt() + 1)
     assert kernels() == (1, ["exp|mul|sum|sqrt|add"])
 
 
 def test_matmul_fuses_with_bias_activation_and_residual_epilogue():
     a, w, b, r = torch.randn(8, 16), torch.randn(32, 16), torch.randn(32), torch.randn(8, 32)
-    da, dw, db, dr = device(a, w, b, r)
+    da, dw, db, dr = on_device(a, w, b, r)
     assert_same(F.relu(F.linear(da, dw, db)) + dr, F.relu(F.linear(a, w, b)) + r)
     assert kernels() == (1, ["addmm|relu|add"])
 
@@ -102,7 +95,7 @@ def test_a_foreach_optimizer_step_is_one_kernel_with_its_compulsory_traffic(name
 
 def test_random_ops_fuse_and_keep_the_cpu_numbers():
     x = torch.randn(64)
-    (d,) = device(x)
+    (d,) = on_device(x)
     torch.manual_seed(5)
     result = F.dropout(d * 2, p=0.5, training=True) + 1
     torch.manual_seed(5)
@@ -113,7 +106,7 @@ def test_random_ops_fuse_and_keep_the_cpu_numbers():
 def test_cat_fuses_with_the_ops_producing_its_inputs_and_reading_its_output():
     # Inductor's pointwise cat: each input is read once, the concatenation is never written
     x, y = torch.randn(8, 16), torch.randn(8, 16)
-    dx, dy = device(x, y)
+    dx, dy = on_device(x, y)
     assert_same(torch.cat([dx * 2, dy + 1]).relu(), torch.cat([x * 2, y + 1]).relu())
     assert kernels() == (1, ["mul|add|cat|relu"])
     assert adaptive_eager.stats()["bytes_moved"] == 2 * x.nbytes + 2 * x.nbytes  # x, y in; the result out
@@ -123,7 +116,7 @@ def test_an_embedding_gather_fuses_with_its_epilogue_and_a_layer_norm():
     # token + position embeddings, added and normalized: one kernel, as GPT's first ops
     wte, wpe, w, b = torch.randn(50, 16), torch.randn(8, 16), torch.randn(16), torch.randn(16)
     idx, pos = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(0)), torch.arange(8)
-    tensors = device(wte, wpe, w, b, idx, pos)
+    tensors = on_device(wte, wpe, w, b, idx, pos)
     dwte, dwpe, dw, db, didx, dpos = tensors
     out = F.layer_norm(F.embedding(didx, dwte) + F.embedding(dpos, dwpe), (16,), dw, db)
     assert_same(out, F.layer_norm(F.embedding(idx, wte) + F.embedding(pos, wpe), (16,), w, b))
@@ -135,7 +128,7 @@ def test_an_embedding_gather_fuses_with_its_epilogue_and_a_layer_norm():
 
 def test_embedding_backward_is_a_scatter_add_reduction_with_its_prologue():
     grad, idx = torch.randn(2, 8, 16), torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(0))
-    dgrad, didx = device(grad, idx)
+    dgrad, didx = on_device(grad, idx)
     backward = torch.ops.aten.embedding_dense_backward
     out = backward(dgrad * 2, didx, 50, -1, False)
     assert_same(out, backward(grad * 2, idx, 50, -1, False))
@@ -148,7 +141,7 @@ def test_cross_entropy_backward_is_one_reduction_with_its_prologue():
     # _log_softmax_backward_data: the log-probabilities read once, the gradient written once
     logits, target = torch.randn(32, 40), torch.randint(0, 40, (32,), generator=torch.Generator().manual_seed(0))
     leaf = logits.to("neuron").requires_grad_()
-    (dtarget,) = device(target)
+    (dtarget,) = on_device(target)
     loss = F.cross_entropy(leaf, dtarget)
     cpu_leaf = logits.clone().requires_grad_()
     F.cross_entropy(cpu_leaf, target).backward()
@@ -167,7 +160,7 @@ def test_cross_entropy_backward_is_one_reduction_with_its_prologue():
 
 def test_matmul_takes_no_prologue():
     a, w = torch.randn(8, 16), torch.randn(16, 4)
-    da, dw = device(a, w)
+    da, dw = on_device(a, w)
     assert_same((da * 2) @ dw, (a * 2) @ w)
     assert kernels() == (2, ["aten::mm", "aten::mul"])
     assert adaptive_eager.stats()["refusals"] == {"a matmul takes no prologue": 1}
@@ -175,7 +168,7 @@ def test_matmul_takes_no_prologue():
 
 def test_two_reductions_do_not_share_a_kernel():
     x = torch.randn(8, 16)
-    (d,) = device(x)
+    (d,) = on_device(x)
     assert_same(d.sum(-1).amax(), x.sum(-1).amax())
     assert kernels()[0] == 2
     assert "two anchors: reduction and reduction" in adaptive_eager.stats()["refusals"]
@@ -183,14 +176,14 @@ def test_two_reductions_do_not_share_a_kernel():
 
 def test_opaque_op_runs_alone_between_fused_chains():
     weight, index = torch.randn(10, 4), torch.tensor([1, 3, 3])
-    dw, di = device(weight, index)
+    dw, di = on_device(weight, index)
     assert_same(torch.index_select(dw * 2, 0, di) + 1, torch.index_select(weight * 2, 0, index) + 1)
     assert kernels() == (3, ["aten::add", "aten::index_select", "aten::mul"])
 
 
 def test_barrier_between_ops_blocks_fusion():
     x = torch.randn(16)
-    (d,) = device(x)
+    (d,) = on_device(x)
     y = d * 2
     assert y.sum().item() == pytest.approx((x * 2).sum().item(), rel=1e-6)  # a sync point
     assert_same(y + 1, x * 2 + 1)
@@ -201,7 +194,7 @@ def test_barrier_between_ops_blocks_fusion():
 
 def test_value_read_after_inplace_write_through_view_sees_the_write():
     x = torch.randn(4, 6)
-    (d,) = device(x)
+    (d,) = on_device(x)
     y_dev, y_cpu = d * 2, x * 2
     before_dev, before_cpu = y_dev.sum(), y_cpu.sum()  # reads y before the write
     y_dev[1].add_(10)  # in-place through a view of y
@@ -214,7 +207,7 @@ def test_value_read_after_inplace_write_through_view_sees_the_write():
 
 def test_escaping_intermediate_is_still_written_back():
     x = torch.randn(32)
-    (d,) = device(x)
+    (d,) = on_device(x)
     kept = d * 3  # the user keeps this intermediate
     out = (kept + 1).relu()
     assert_same(out, (x * 3 + 1).relu())
@@ -229,7 +222,7 @@ def test_an_in_place_write_to_a_buffer_nothing_references_is_not_written_back():
     (as autograd accumulates a gradient into a buffer and passes it on): its final value
     is unobservable, so the fused kernel reads it and never writes it back."""
     x = torch.randn(64)
-    (d,) = device(x)
+    (d,) = on_device(x)
     buffer = d * 2
     torch.neuron.synchronize()
     adaptive_eager.reset_stats()
@@ -243,7 +236,7 @@ def test_an_in_place_write_to_a_buffer_nothing_references_is_not_written_back():
 
 def test_an_in_place_write_to_a_live_buffer_is_written_back():
     x = torch.randn(64)
-    (d,) = device(x)
+    (d,) = on_device(x)
     buffer = d * 2
     torch.neuron.synchronize()
     adaptive_eager.reset_stats()
@@ -272,7 +265,7 @@ def test_the_plan_takes_its_cache_keys_escape_bits(monkeypatch):
             storage.alive = True
 
     x = torch.randn(64)
-    (d,) = device(x)
+    (d,) = on_device(x)
     buffer = d * 2
     torch.neuron.synchronize()
     adaptive_eager.reset_stats()
@@ -297,7 +290,7 @@ def test_cycle_making_merge_is_refused():
     # mul -> index_select (opaque) -> add, and mul -> add: fusing mul with add would put
     # the index_select both before and after their kernel.
     weight, index = torch.randn(6, 4), torch.tensor([5, 0, 2, 2, 1, 3])
-    dw, di = device(weight, index)
+    dw, di = on_device(weight, index)
     a = dw * 2
     c = torch.index_select(a, 0, di)  # opaque, reads a
     out = a + c  # reads a and c
@@ -322,7 +315,7 @@ def test_would_create_cycle_is_a_bfs_from_the_groups_outside_users():
 
 def test_refusals_are_logged_at_debug(caplog):
     a, w = torch.randn(4, 4), torch.randn(4, 4)
-    da, dw = device(a, w)
+    da, dw = on_device(a, w)
     with caplog.at_level(logging.DEBUG, logger="adaptive_eager.fusion"):
         adaptive_eager.reset_stats()
         adaptive_eager.clear_caches()
@@ -335,7 +328,7 @@ def test_refusals_are_logged_at_debug(caplog):
 
 def test_failed_fused_kernel_names_the_exact_op_and_becomes_unfusable():
     x = torch.randn(8)
-    (d,) = device(x)
+    (d,) = on_device(x)
     adaptive_eager.inject_fault("aten::add", 1)
     out = (d * 2 + 1).relu()
     with pytest.raises(adaptive_eager.NeuronRuntimeError, match=r"(?s)aten::add \(inside fused kernel 'mul\|add\|relu'\).*test_fusion_rules.py:\d+") as info:
@@ -354,7 +347,7 @@ def test_failed_fused_kernel_names_the_exact_op_and_becomes_unfusable():
 def test_small_working_set_fuses_across_anchors_on_chip(policy):
     policy.on_chip_bytes = 24 << 20  # one NeuronCore's SBUF
     x, w = torch.randn(1, 32), torch.randn(32, 32)
-    dx, dw = device(x, w)
+    dx, dw = on_device(x, w)
     h = F.layer_norm(dx, (32,))
     out = torch.softmax(h @ dw, -1) @ dw  # reduction, matmul, reduction, matmul
     expected = torch.softmax(F.layer_norm(x, (32,)) @ w, -1) @ w
@@ -365,7 +358,7 @@ def test_small_working_set_fuses_across_anchors_on_chip(policy):
 def test_large_working_set_keeps_the_loop_rules(policy):
     policy.on_chip_bytes = 24 << 20
     x, w = torch.randn(2048, 1024), torch.randn(1024, 1024)  # 8 MiB + 4 MiB + 8 MiB outputs
-    dx, dw = device(x, w)
+    dx, dw = on_device(x, w)
     out = torch.softmax((dx * 2) @ dw, -1)
     assert_same(out, torch.softmax((x * 2) @ w, -1), rtol=1e-4, atol=1e-5)
     assert kernels()[0] == 3
@@ -401,7 +394,7 @@ def test_independent_copies_of_a_chain_fuse_horizontally():
     # What an optimizer step issues: the same chain for every parameter.
     params = [torch.randn(n) for n in (8, 16, 32)]
     grads = [torch.randn(n) for n in (8, 16, 32)]
-    device_params, device_grads = device(*params), device(*grads)
+    device_params, device_grads = on_device(*params), on_device(*grads)
     for p, g in zip(device_params, device_grads):
         p.mul_(0.9).add_(g, alpha=-0.1)
     for p, g in zip(params, grads):
@@ -412,7 +405,7 @@ def test_independent_copies_of_a_chain_fuse_horizontally():
 
 def test_dependent_chains_do_not_fuse_horizontally():
     weight, index = torch.randn(6, 4), torch.tensor([3, 1])
-    dw, di = device(weight, index)
+    dw, di = on_device(weight, index)
     first = (dw * 2).exp()
     second = (torch.index_select(first, 0, di) * 2).exp()  # the same chain, after an opaque op reading the first
     assert_same(second, (torch.index_select((weight * 2).exp(), 0, index) * 2).exp())

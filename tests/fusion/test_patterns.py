@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import adaptive_eager
-from conftest import assert_same, windows_at_sync_points
+from conftest import assert_same, on_device, windows_at_sync_points
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from bench.workloads import LlamaRMSNorm, apply_rotary_pos_emb, rotate_half  # noqa: E402  (as Hugging Face writes them)
@@ -22,13 +22,6 @@ def policy(adaptive_mode):
     """One window per test, flushed at the sync point; the on-chip rule off, so the only
     fusion that crosses anchors is the pattern's."""
     yield from windows_at_sync_points(on_chip_bytes=0, patterns=True)
-
-
-def on_device(*tensors):
-    out = [t.to("neuron") for t in tensors]
-    torch.neuron.synchronize()
-    adaptive_eager.reset_stats()
-    return out
 
 
 def patterns():

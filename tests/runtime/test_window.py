@@ -7,7 +7,7 @@ import torch.nn as nn
 import adaptive_eager
 from adaptive_eager.window import structure_key
 from adaptive_eager_device.core.config import CONFIG
-from conftest import assert_same, windows_at_sync_points
+from conftest import assert_same, on_device, windows_at_sync_points
 
 
 @pytest.fixture
@@ -17,19 +17,12 @@ def policy(adaptive_mode):
     yield from windows_at_sync_points(on_chip_bytes=0)
 
 
-def device(*tensors):
-    out = [t.to("neuron") for t in tensors]
-    torch.neuron.synchronize()
-    adaptive_eager.reset_stats()
-    return out
-
-
 # -- the plan cache -----------------------------------------------------------------------
 
 
 def test_plan_and_kernel_caches_hit_on_repeated_windows(policy):
     x = torch.randn(8)
-    (d,) = device(x)
+    (d,) = on_device(x)
     adaptive_eager.clear_caches()
     adaptive_eager.reset_stats()
     for _ in range(5):
@@ -45,7 +38,7 @@ def test_plan_and_kernel_caches_hit_on_repeated_windows(policy):
 
 def test_window_full_stream_change_and_queue_shallow_flushes(policy):
     x = torch.randn(8)
-    (d,) = device(x)
+    (d,) = on_device(x)
     policy.max_ops = 4
     y = d
     for _ in range(10):
@@ -117,7 +110,7 @@ def test_a_configuration_change_reaches_the_next_window(adaptive_mode):
     saved = CONFIG.window_ops, CONFIG.min_window_ops
     try:
         CONFIG.window_ops, CONFIG.min_window_ops = 3, 10**6
-        (d,) = device(torch.randn(4))
+        (d,) = on_device(torch.randn(4))
         y = d
         for _ in range(7):
             y = y + 1
@@ -153,7 +146,7 @@ def test_the_key_leaves_writes_only_a_call_knows_for_later():
 
 
 def test_the_same_structure_with_other_values_hits_the_plan_cache(policy):
-    (d,) = device(torch.randn(8))
+    (d,) = on_device(torch.randn(8))
     adaptive_eager.clear_caches()
     (d * 2.0 + 1.0).cpu()
     (d * 3.0 - 1.0).cpu()  # other ops: another structure
