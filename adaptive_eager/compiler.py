@@ -247,8 +247,6 @@ def _replay_refused():
     """Why no call can replay now (everything then runs the FX code), or None."""
     if CONFIG.launch_blocking:
         return "NEURON_LAUNCH_BLOCKING"
-    if torch.autograd.profiler._is_profiler_enabled:
-        return "the profiler records each aten call"
     return None
 
 

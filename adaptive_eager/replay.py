@@ -27,8 +27,11 @@ Calls the template cannot stand for run the FX code again, and the reason is cou
 drew random numbers, returned host tensors or computed host tensors it could not split
 off (``host_split.py``), changed an input's metadata, or ran
 the graph as traced because mutated inputs alias; ``NEURON_LAUNCH_BLOCKING`` (each op waits
-for the device, and raises inside the call) and the profiler (which records each aten
-call) always run the FX code. Fault injection replays: faults strike on the device worker.
+for the device, and raises inside the call) always runs the FX code. Fault injection
+replays: faults strike on the device worker. Under ``torch.profiler`` a call replays too
+(the profile shows what runs unprofiled): its ops, issued without their aten calls, are
+tied to the torch op around the call (``CompiledFunction`` or Dynamo's compiled-region
+range), which gets their kernels' device time and flows.
 ``NEURON_COMPILED_REPLAY=0`` turns replay off.
 """
 from __future__ import annotations
@@ -37,6 +40,8 @@ import torch
 
 from adaptive_eager_device.core.counters import COUNTERS
 from adaptive_eager_device.hardware.execution_queue import QUEUE
+from adaptive_eager_device.hardware.profiler import PROFILER
+from adaptive_eager_device.hardware.profiler import issued_all as profiler_issued_all
 from adaptive_eager_device.memory.storage import (
     MEMORY, DeviceStorage, rounded_nbytes, storage_nbytes,
 )
@@ -297,6 +302,8 @@ class Template:
             issue += 1
             append(template.bind(table, stream, issue))
         COUNTERS.ops_recorded += len(records)  # ops that reached the device, as the per-op path counts them
+        if PROFILER._is_profiler_enabled:
+            profiler_issued_all(records)
         trace = QUEUE.trace_recorder
         if trace is not None:
             from time import perf_counter

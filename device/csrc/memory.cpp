@@ -109,8 +109,11 @@ Owner* containing(uintptr_t address, size_t nbytes, size_t* offset) {
 void release_owner(void* context) {
   auto* owner = static_cast<Owner*>(context);
   if (owner->address != 0) {
-    std::lock_guard<std::mutex> lock(addresses_mutex);
-    owners_by_address.erase(owner->address);
+    {
+      std::lock_guard<std::mutex> lock(addresses_mutex);
+      owners_by_address.erase(owner->address);
+    }
+    profiler::report_memory(owner->address, -static_cast<int64_t>(owner->nbytes), owner->index);
   }
   if ((owner->side != nullptr || owner->signature != nullptr) && python_alive()) {
     py::gil_scoped_acquire gil;
@@ -149,8 +152,11 @@ c10::DataPtr device_data_ptr(size_t nbytes, Owner* owner) {
     address = reinterpret_cast<void*>(at);
     owner->address = at;
     owner->nbytes = nbytes;
-    std::lock_guard<std::mutex> lock(addresses_mutex);
-    owners_by_address[at] = owner;
+    {
+      std::lock_guard<std::mutex> lock(addresses_mutex);
+      owners_by_address[at] = owner;
+    }
+    profiler::report_memory(at, static_cast<int64_t>(nbytes), owner->index);
   }
   return c10::DataPtr(address, owner, &release_owner, c10::Device(kDevice, owner->index));
 }

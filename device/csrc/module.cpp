@@ -24,6 +24,9 @@
 // - sparse.cpp: the sparse COO kernels that only read or re-point a sparse tensor (its
 //   construction, `_indices`, `_values`, `copy_`, resizing: at::native's device-generic
 //   functions) at SparsePrivateUse1.
+// - profiler.cpp: torch.profiler's device activity: a Kineto child profiler registered for
+//   PrivateUse1 (REGISTER_PRIVATEUSE1_PROFILER), the calls the device makes per op and per
+//   kernel launch (profiler_*), and the allocator's memory events (profile_memory).
 // - module.cpp (this file): the Python module, `call_quietly` (a call whose C++
 //   warnings are dropped: the device's meta runs of an op) and `call_recording` (a call
 //   whose C++ warnings are returned: the one-element CPU trial's, given to the user).
@@ -119,6 +122,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("view_count", &neuron::view_count);
   m.def("call_quietly", &neuron::call_quietly);
   m.def("call_recording", &neuron::call_recording);
+  neuron::profiler::add_methods(m);
   PyModule_AddFunctions(m.ptr(), neuron::hot_methods);
   neuron::add_storage_type(m.ptr());
   neuron::register_executor(m);

@@ -7,6 +7,7 @@
 //                 boundary (`user_facing`);
 // - views.cpp:    the view kernels run in C++ (`view`, `as_strided`, `_reshape_alias`);
 // - sparse.cpp:   the sparse COO kernels that only read or re-point the structure;
+// - profiler.cpp: torch.profiler's device activity (a Kineto child profiler for PrivateUse1);
 // - module.cpp:   the Python module adaptive_eager_device._C.
 //
 // The overview of what the extension is for is at the top of module.cpp.
@@ -121,5 +122,13 @@ void register_executor(py::module& m);
 void register_views();  // once, from init()
 void register_sparse();  // once, from init(): the sparse COO kernels of sparse.cpp
 int64_t view_count();   // views the C++ kernels made so far
+
+// -- torch.profiler's device activity (profiler.cpp) -------------------------------------------
+namespace profiler {
+void add_methods(py::module& m);  // the profiler_* functions of the Python module
+// An allocation (delta > 0) or free (delta < 0) of device memory at `address`: a memory
+// event when the profiler records memory (profile_memory).
+void report_memory(uintptr_t address, int64_t delta, c10::DeviceIndex index);
+}  // namespace profiler
 
 }  // namespace neuron

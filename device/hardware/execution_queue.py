@@ -22,7 +22,7 @@ simulated clock). Items call back into the queue to report failures
 What the host side (the runtime, ``adaptive_eager``) asks of the queue is public API, not
 its fields: ``backlog_us()`` (the simulated device ahead of the host), ``trace_recorder``
 (the timeline while tracing, else None; set by ``set_trace_recorder``), ``observing``
-(tracing or profiling: each kernel its own queue item), ``injecting_faults``,
+(tracing: each kernel its own queue item), ``injecting_faults``,
 ``issue_ops`` (ops issued without the per-op path: a compiled graph's replay),
 ``take_failed_kernels`` and ``reset_kernel_summary``. A fused kernel asks
 ``must_run_op_by_op(records)`` before it runs, and ``op_record.run_record`` applies the
@@ -30,6 +30,11 @@ failure rules to each op.
 
 The host waits with :meth:`ExecutionQueue.wait`, which rethrows the earliest failure as
 ``NeuronRuntimeError`` and clears it, so the device is usable again afterwards.
+
+``torch.profiler``: every launch accounted here (``launch``, ``launch_batch``, ``account``:
+what ``stats()["kernels_launched"]`` counts) is also told to the device's Kineto profiler
+(``device/hardware/profiler.py``) while a profile records, and each wait is a
+``neuron::synchronize`` range; with no profiler, one module-global read per launch.
 
 :data:`HOST_LOCK`: the host side of the device is one critical section. Ops issued from
 several threads are recorded, windowed and submitted one at a time, in one issue order,
@@ -51,6 +56,8 @@ from ..core.config import CONFIG, parse_fault_spec
 from ..core.counters import COUNTERS
 from ..core.errors import FailureState, KernelFailure, NeuronRuntimeError
 from ..memory.storage import ReinterpretRef, ViewRef, keep_freed_memory
+from . import profiler
+from .profiler import PROFILER
 
 _native.executor_types(ViewRef, ReinterpretRef)  # the references a native program resolves
 
@@ -165,6 +172,8 @@ class ExecutionQueue:
         """Submit one kernel launch and account for it (``time_us``: its time without the
         launch overhead, which ``account`` adds)."""
         start = self.account(key, nbytes, time_us, stream)
+        if PROFILER._is_profiler_enabled:
+            profiler.launched(kernel, key, time_us + CONFIG.launch_us, stream)
         sequence = self.submit(kernel, stream, nbytes, ops)
         if self.trace_recorder is not None:
             self.trace_recorder.kernel(kernel, key, start, time_us + CONFIG.launch_us, stream, sequence)
@@ -185,6 +194,8 @@ class ExecutionQueue:
             return
         count = len(costs.each)
         self._account(count, costs.nbytes, costs.time_us, costs.by_key, stream, costs.each)
+        if PROFILER._is_profiler_enabled:
+            profiler.launched_window(kernels, costs, stream)  # before the worker can release the records
         if type(kernels) is list:
             self.submitted += count
             self._batch.extend(kernels)
@@ -198,9 +209,13 @@ class ExecutionQueue:
             self.ring()
 
     def account(self, key, nbytes: int, time_us: float, stream: int) -> float:
-        """Count one launch (``key``: its op or fused kernel name; ``time_us``: its time
-        without the launch overhead) and return its simulated start on the timeline."""
-        return self._account(1, nbytes, time_us, ((key, 1, time_us, nbytes),), stream)
+        """Count one launch the host runs itself, inside its op (a data-dependent op, a
+        collective; ``key``: its op; ``time_us``: its time without the launch overhead) and
+        return its simulated start on the timeline."""
+        start = self._account(1, nbytes, time_us, ((key, 1, time_us, nbytes),), stream)
+        if PROFILER._is_profiler_enabled:
+            profiler.host_kernel(key, time_us + CONFIG.launch_us, stream)
+        return start
 
     def _account(self, count: int, nbytes: int, time_us: float, by_key, stream: int, each=None) -> float:
         """Count ``count`` launches issued together (``by_key``: ``(key, launches, time_us,
@@ -294,9 +309,10 @@ class ExecutionQueue:
 
     @property
     def observing(self) -> bool:
-        """Tracing or profiling: each kernel goes on the queue as its own item, so the
-        timeline and the profiler give it a slot of its own."""
-        return self.trace_recorder is not None or torch.autograd.profiler._is_profiler_enabled
+        """Tracing or profiling: each kernel goes on the queue as its own Python item (not
+        a native launch), so the timeline gives it a slot of its own, and the profiler,
+        which lays kernels out at launch on the host, reads its records (their ops)."""
+        return self.trace_recorder is not None or PROFILER._is_profiler_enabled
 
     @property
     def injecting_faults(self) -> bool:
@@ -343,7 +359,12 @@ class ExecutionQueue:
 
     def wait(self) -> None:
         """Drain, then rethrow the earliest deferred failure, if any, and clear it."""
-        self.drain()
+        if PROFILER._is_profiler_enabled:
+            begin = profiler.wait_begin()
+            self.drain()
+            profiler.wait_end(begin)
+        else:
+            self.drain()
         if self.device_free_us > self.host_us:
             self.host_us = self.device_free_us  # the simulated host waited for the device
         self.raise_pending()
@@ -434,10 +455,10 @@ class ExecutionQueue:
         tensors it holds) before it runs the next one: once a fence signals the host, the
         worker holds no tensor, or a host that exits right away would race the worker's
         deallocations during interpreter finalization."""
-        if self.trace_recorder is None and not torch.autograd.profiler._is_profiler_enabled:
+        if self.trace_recorder is None:
             item.execute(self)
         else:
-            self._launch_observed(item, torch.autograd.profiler._is_profiler_enabled)
+            self._launch_observed(item)
 
     def _run_fallback(self, fallback, resume: int, env: dict) -> None:
         """A native launch the worker handed back (device/csrc/executor.cpp): a failure
@@ -450,17 +471,13 @@ class ExecutionQueue:
         it handed to Python."""
         return self._worker.counts()
 
-    def _launch_observed(self, item, profiling: bool) -> None:
-        """Launch under the timeline and/or ``torch.profiler`` (a ``neuron::`` range)."""
+    def _launch_observed(self, item) -> None:
+        """Launch under the timeline: when the worker really ran it."""
         started = time.perf_counter()
-        if profiling and (hasattr(item, "op") or hasattr(item, "records")):
-            name = getattr(item, "name", "kernel")
-            with torch.autograd.profiler.record_function(f"neuron::{name}"):
-                item.execute(self)
-        else:
-            item.execute(self)
-        if self.trace_recorder is not None:
-            self.trace_recorder.executed(self.completed + 1, started, time.perf_counter())
+        item.execute(self)
+        recorder = self.trace_recorder
+        if recorder is not None:
+            recorder.executed(self.completed + 1, started, time.perf_counter())
 
     def inject_fault(self, op_name: str, nth: int = 1) -> None:
         """Make the ``nth`` kernel running ``op_name`` fail (counted from now)."""

@@ -82,12 +82,14 @@ class OpRecord:
       it (never reused), the unit of the plan cache's keys;
     - ``location``: the user's line that issued it (raw; ``location.source_location`` formats);
     - ``issue``: its place in issue order (``ExecutionQueue.issued``), which decides which
-      failure is the earliest and which ops a failure drops, whatever the fusion.
+      failure is the earliest and which ops a failure drops, whatever the fusion;
+    - ``profile_id``: its handle in a ``torch.profiler`` session (``device/hardware/profiler.py``),
+      set only while a profiler records (read with a default: unset costs nothing per op).
     """
 
     __slots__ = (
         "op", "args", "kwargs", "nested", "reads", "writes", "results", "location", "cost", "signature",
-        "signature_id", "stream", "trace_id", "issue",
+        "signature_id", "stream", "trace_id", "issue", "profile_id",
     )
 
     def __init__(self, op, args, kwargs, nested, reads, writes, results, location, cost, signature, signature_id, stream, issue):

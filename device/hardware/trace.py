@@ -17,9 +17,9 @@ Three tracks ("processes" in the trace-event format):
 Flow arrows (correlation ids) link every issued op to the kernel that ran it: a fused
 kernel receives arrows from all its ops.
 
-Kernels also appear in ``torch.profiler`` as ``neuron::<kernel>`` ranges on the worker
-thread; PyTorch's profiler records other threads only with
-``experimental_config=torch._C._profiler._ExperimentalConfig(profile_all_threads=True)``.
+``torch.profiler`` shows the device too, for tools that read its traces: kernels on a
+device lane, flows from their ops, device time in ``key_averages()``
+(``device/hardware/profiler.py``, ``device/csrc/profiler.cpp``).
 """
 from __future__ import annotations
 

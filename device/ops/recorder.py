@@ -26,6 +26,8 @@ from ..core.reasons import Flush
 from ..hardware import sink
 from ..hardware.execution_queue import QUEUE
 from ..hardware.op_record import OpRecord
+from ..hardware.profiler import PROFILER
+from ..hardware.profiler import issued as profiler_issued
 from ..hardware.streams import STATE as _STREAMS
 from ..memory.indices import check_ordinal, current_index
 from ..memory.storage import DeviceStorage, storage_nbytes
@@ -251,6 +253,8 @@ def record_kernel(entry, args, kwargs):
     QUEUE.host_us += CONFIG.host_us_per_op
     if trace is not None:
         trace.issue(record, started)
+    if PROFILER._is_profiler_enabled:  # the one check per op when nothing profiles
+        profiler_issued(record)
     sink._sink.record(record)
     return _build_return(entry, inference.structure, outputs, args, kwargs)
 

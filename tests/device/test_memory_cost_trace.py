@@ -306,11 +306,16 @@ def test_trace_from_the_environment(tmp_path):
     assert sum(1 for e in events if e["ph"] == "X" and e["pid"] == trace.SIMULATED_PID) == 2
 
 
-def test_kernels_appear_in_torch_profiler(strict_mode):
+def test_kernels_appear_in_torch_profiler_on_the_device_lane_not_on_the_worker(strict_mode):
+    """The device worker no longer wraps kernels in ``neuron::`` ranges (they needed
+    profile_all_threads): the kernels are device events (tests/device/test_profiler.py)."""
     from torch._C._profiler import _ExperimentalConfig
+    from torch.profiler import ProfilerActivity
 
     x = torch.ones(4, device="neuron")
-    with torch.profiler.profile(experimental_config=_ExperimentalConfig(profile_all_threads=True)) as prof:
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
+                                experimental_config=_ExperimentalConfig(profile_all_threads=True)) as prof:
         (x * 3).cpu()
-    names = [e.name for e in prof.events()]
-    assert "neuron::aten::mul" in names
+    names = [(e.name, e.device_type) for e in prof.events()]
+    assert ("aten::mul", torch.autograd.DeviceType.PrivateUse1) in names
+    assert not any(name.startswith("neuron::aten") for name, _ in names)
