@@ -42,14 +42,23 @@ def _on_neuron(gm, inputs) -> bool:
 def _skip_our_code() -> None:
     """Dynamo must not trace into this package or the runtime (the device guard's
     methods, say, that torch.accelerator calls back into): they are the device, as a C++
-    backend's code would be."""
+    backend's code would be. Each room and module of the device is skipped, not the
+    simulated NKI (``device/nki``, the package ``nki``): user code calls its kernels, and
+    Dynamo traces a kernel's ``__call__`` on neuron tensors down to one node of the graph
+    (``nki/_torch.py: device_call``, allowed in the graph)."""
     if _SKIPPED:
         return
     _SKIPPED.append(True)
+    import pkgutil
+
     from torch._dynamo import trace_rules
 
-    for package in ("adaptive_eager_device", "adaptive_eager"):
-        trace_rules.add(package)
+    from . import __path__ as device_path
+
+    for module in pkgutil.iter_modules(device_path):
+        if module.name != "nki":
+            trace_rules.add(f"{__package__}.{module.name}")
+    trace_rules.add("adaptive_eager")
 
 
 _SKIPPED: list = []

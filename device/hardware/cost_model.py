@@ -10,6 +10,9 @@ every output, ``numel * itemsize`` each (a fused kernel counts only what crosses
 boundary). FLOPs of matmul, conv and attention come from ``torch.utils.flop_counter``'s
 formulas; every other op counts one FLOP per element of its largest tensor.
 
+A custom kernel (``device/ops/custom_kernels.py``: an NKI kernel) is timed by its own schedule
+instead: :data:`KERNEL_TIMES` gives its device time, and it costs that plus one launch.
+
 The result is deterministic: it depends on shapes and dtypes only, never on the host.
 This is what makes the two things fusion saves, launches and memory traffic, visible.
 """
@@ -76,6 +79,10 @@ class DeviceProfile:
 
 
 PROFILE = DeviceProfile()
+
+# Ops timed by their own kernel's schedule (custom kernels): op -> fn(meta args, meta
+# kwargs) -> device microseconds, the launch excluded (``op_cost`` adds one).
+KERNEL_TIMES: dict = {}
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
@@ -169,11 +176,17 @@ def op_cost(op, args, kwargs, written, read_bytes=(), write_bytes=(), result_byt
     written = list(_tensors(written))
     dtype = written[0].dtype if written else next((t.dtype for t in _tensors(args)), torch.float32)
     inputs = list(_tensors(list(args) + list(kwargs.values())))
+    timer = KERNEL_TIMES.get(op)
+    if timer is None:
+        time_us, compute_us = PROFILE.kernel_time_us(nbytes, flops, dtype), flops / PROFILE.peak_flops(dtype) * 1e6
+    else:  # its own schedule, plus one launch
+        compute_us = timer(args, kwargs)
+        time_us = PROFILE.launch_overhead_us + compute_us
     return OpCost(
         nbytes,
         flops,
-        PROFILE.kernel_time_us(nbytes, flops, dtype),
-        flops / PROFILE.peak_flops(dtype) * 1e6,
+        time_us,
+        compute_us,
         tuple(read_bytes),
         tuple(write_bytes),
         tuple(result_bytes),
