@@ -49,13 +49,12 @@ def _skip_our_code() -> None:
     if _SKIPPED:
         return
     _SKIPPED.append(True)
+    import os
     import pkgutil
 
     from torch._dynamo import trace_rules
 
-    from . import __path__ as device_path
-
-    for module in pkgutil.iter_modules(device_path):
+    for module in pkgutil.iter_modules([os.path.dirname(os.path.abspath(__file__))]):
         if module.name != "nki":
             trace_rules.add(f"{__package__}.{module.name}")
     trace_rules.add("adaptive_eager")

@@ -1,4 +1,5 @@
-"""Running a kernel's programs: ``launch`` (one thread per SPMD program, sharing HBM).
+"""Running a kernel's programs: ``launch`` (one thread per SPMD program, sharing HBM), and the
+kernels' numbers (``kernel_key``).
 
 Shared by ``nki.simulate``/``nki.run`` (``runtime.py``, which convert numpy arrays first) and the
 device's custom-kernel path (``_torch.py``, which converts the storages' bytes).
@@ -13,8 +14,22 @@ import numpy as np
 from ._state import NkiValidationError, Program, Shared, set_current, trim_traceback
 
 
+KERNELS: list = []  # a kernel's key -> the kernel (the first with its function and grid)
+_KEYS: dict = {}  # (function, grid) -> key
+
+
+def kernel_key(kernel) -> int:
+    """A number for ``kernel``'s function and launch grid (``Kernel.key``)."""
+    identity = (kernel.fn, kernel.grid)
+    key = _KEYS.get(identity)
+    if key is None:
+        key = _KEYS[identity] = len(KERNELS)
+        KERNELS.append(kernel)
+    return key
+
+
 def launch(kernel, args, kwargs):
-    """Run ``kernel``'s programs on arguments already converted (HBM ``NkiTensor``\ s and plain
+    """Run ``kernel``'s programs on arguments already converted (HBM ``NkiTensor`` objects and plain
     values); returns ``(the first program's result, programs)``. A failure is re-raised in the
     caller's thread. The device's custom-kernel path (``nki._torch``) calls this directly."""
     grid = kernel.grid

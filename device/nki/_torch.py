@@ -35,8 +35,7 @@ from adaptive_eager_device.ops import custom_kernels
 
 from . import _dtypes
 from . import cost as _cost
-from . import runtime
-from ._launch import launch
+from ._launch import KERNELS, launch
 from .tensor import NkiTensor, from_numpy, private_hbm, shared_hbm
 
 _TORCH_TO_NKI = {
@@ -242,10 +241,10 @@ def _form(kernel, structure, values) -> NkiForm:
 
 
 def device_call(key, *args, **kwargs):
-    """``Kernel.__call__`` with neuron tensors: the kernel numbered ``key`` (``runtime.KERNELS``).
+    """``Kernel.__call__`` with neuron tensors: the kernel numbered ``key`` (``_launch.KERNELS``).
     ``torch.compile`` puts a call of this function in its graph as one node (``allow_in_graph``,
     below), traced by AOTAutograd on FakeTensors down to the kernel's op."""
-    return call(runtime.KERNELS[key], args, kwargs)
+    return call(KERNELS[key], args, kwargs)
 
 
 def call(kernel, args, kwargs):

@@ -25,7 +25,7 @@ import numpy as np
 
 from . import _dtypes
 from . import cost as _cost
-from ._launch import launch
+from ._launch import kernel_key, launch
 from ._state import NkiValidationError, trim_traceback
 from .tensor import NkiTensor, from_numpy, private_hbm, shared_hbm
 
@@ -40,12 +40,7 @@ class Kernel:
         functools.update_wrapper(self, fn)
         # a number for the kernel and its grid: what a device call passes to ``_torch.device_call``
         # (an int, so that torch.compile puts the call in its graph as one node)
-        identity = (fn, grid)
-        key = _KEYS.get(identity)
-        if key is None:
-            key = _KEYS[identity] = len(KERNELS)
-            KERNELS.append(self)
-        self.key = key
+        self.key = kernel_key(self)
 
     def __getitem__(self, grid):
         grid = tuple(int(g) for g in grid) if isinstance(grid, (tuple, list)) else (int(grid),)
@@ -71,10 +66,6 @@ class Kernel:
     def __repr__(self):
         grid = f"[{', '.join(map(str, self.grid))}]" if self.grid else ""
         return f"<nki kernel {self.name}{grid}>"
-
-
-KERNELS: list = []  # Kernel.key -> the kernel
-_KEYS: dict = {}  # (function, grid) -> key
 
 
 def jit(fn=None, **kwargs):
