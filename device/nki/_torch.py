@@ -200,20 +200,21 @@ class NkiForm(custom_kernels.KernelForm):
 
     # the device worker --------------------------------------------------------------------------------
     def run(self, tensors) -> list:
-        arrays = [_numpy_view(t) for t in tensors]
-        copies = []  # (original, contiguous working copy): non-contiguous views
+        written = self.trial(self.specs(tensors)).written
+        copies = []  # (original, contiguous working copy): written non-contiguous views
         inputs = []
-        for i, array in enumerate(arrays):
+        for i, t in enumerate(tensors):
+            array = _numpy_view(t)
             if not (array.flags.c_contiguous and array.flags.writeable):
                 working = np.ascontiguousarray(array).copy()
-                copies.append((array, working))
+                if written[i]:
+                    copies.append((array, working))
                 array = working
             inputs.append(from_numpy(array, self._buffer(), f"arg{i}"))
         args, kwargs = _rebuild(self.structure, inputs, self.values)
         result, _ = launch(self.kernel, args, kwargs)
         for original, working in copies:
-            if original.flags.writeable:
-                original[...] = working
+            original[...] = working
         inputs_by_storage = {id(t.storage) for t in inputs}
         outputs = []
 
