@@ -15,7 +15,8 @@ from PyTorch, one kernel launch each (and one for the backward pass where the la
 Each is a PyTorch custom operator (``torch.ops.neuron_kernels.*``): in strict and adaptive eager
 one launch on the device's queue, which the planner never fuses; inside ``torch.compile`` one node
 of the graph. On CPU tensors the kernels run on the simulator. The kernels are ours, written
-in NKI for this library (``norm.py``, ``attention.py``, ``mlp.py``, ``loss.py``, ``optim.py``);
+in NKI for this library (``norm_kernels.py``, ``attention_kernels.py``, ``mlp_kernels.py``, ``loss_kernels.py``,
+``optim_kernels.py``);
 ``docs/NKI.md`` gives their algorithms, limits and costs.
 """
 from __future__ import annotations

@@ -15,11 +15,11 @@ import math
 import torch
 from torch import Tensor
 
-from . import attention as _attention
-from . import loss as _loss
-from . import mlp as _mlp
-from . import norm as _norm
-from . import optim as _optim
+from . import attention_kernels as _attention
+from . import loss_kernels as _loss
+from . import mlp_kernels as _mlp
+from . import norm_kernels as _norm
+from . import optim_kernels as _optim
 
 
 def _op(name: str, mutates_args=()):
