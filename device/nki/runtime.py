@@ -123,10 +123,11 @@ def _is_torch(x) -> bool:
 
 def _on_device(values) -> bool:
     """Does any argument (nested in lists, tuples, dicts) hold a torch tensor on a device (a
-    ``neuron`` tensor, or a FakeTensor of one)? Then the call is one kernel on the device."""
+    ``neuron`` tensor), or a FakeTensor (tracing: ``torch.compile``, a custom op's fake kernel)?
+    Then the call is one kernel op (``_torch.py``)."""
     for value in values:
         if _is_torch(value):
-            if value.device.type != "cpu":
+            if value.device.type != "cpu" or type(value).__name__ == "FakeTensor":
                 return True
         elif isinstance(value, (list, tuple)):
             if _on_device(value):

@@ -316,6 +316,14 @@ def test_nki_op_is_a_pytorch_custom_operator_with_the_kernels_shapes():
     torch.testing.assert_close(nki_add(a, a), a + a)
 
 
+def test_nki_op_traces_on_cpu_tensors_too():
+    """Traced on CPU FakeTensors (torch.compile of CPU code), a kernel call gives its shapes from
+    its trial; run, it runs on the simulator."""
+    a = torch.randn(64, 16)
+    compiled = torch.compile(lambda x: nki_add(x, x) * 2, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(a), (a + a) * 2)
+
+
 @pytest.mark.parametrize("mode", ["strict", "adaptive", "compiled"])
 def test_nki_op_trains(mode):
     """Forward and backward, each kernel one launch, gradients equal to the plain PyTorch ones."""
