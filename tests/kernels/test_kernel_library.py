@@ -256,8 +256,8 @@ def test_a_compiled_transformer_block_trains_with_the_library():
     assert {name: n for name, n in counts.items() if name.startswith("nki::")} == {
         "nki::rms_norm_fwd": 1, "nki::rms_norm_bwd": 1, "nki::rope": 4, "nki::flash_fwd": 1, "nki::flash_bwd": 1,
         "nki::gated_mlp_fwd": 1, "nki::gated_mlp_bwd": 1, "nki::cross_entropy_fwd": 1, "nki::cross_entropy_bwd": 1}
-    graphs = adaptive_eager.stats()["compiled"]["graphs"]
-    assert sorted(g["kind"] for g in graphs.values()) == ["backward", "forward"]
+    kinds = [g["kind"] for g in adaptive_eager.stats()["compiled"]["graphs"].values() if g["calls"]]
+    assert sorted(kinds) == ["backward", "forward"]  # one graph each way: no graph break
 
 
 def test_compiled_decode_step_and_moe():
