@@ -89,7 +89,7 @@ def cases():
         ("gated MLP", "x [256, 512], F 1024", True, K.gated_mlp, mlp_ref,
          (gen(256, 512), gen(1024, 512, scale=0.05, seed=1), gen(1024, 512, scale=0.05, seed=2),
           gen(512, 1024, scale=0.05, seed=3)), ()),
-        ("MoE", "x [64, 256], 8 experts of F 512, top-2", False, lambda *a: K.moe(*a, top_k=2), moe_ref,
+        ("MoE", "x [64, 256], 8 experts of F 512, top-2", True, lambda *a: K.moe(*a, top_k=2), moe_ref,
          (gen(64, 256), gen(8, 256, seed=1), gen(8, 512, 256, scale=0.05, seed=2),
           gen(8, 512, 256, scale=0.05, seed=3), gen(8, 256, 512, scale=0.05, seed=4)), ()),
         ("cross-entropy", "logits [256, 8192]", True, K.cross_entropy, F.cross_entropy,

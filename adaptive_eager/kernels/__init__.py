@@ -8,7 +8,7 @@ from PyTorch, one kernel launch each (and one for the backward pass where the la
     o = kernels.decode_attention(q, k, v, k_cache, v_cache, position)   # decode, KV cache in place
     y = kernels.gated_mlp(x, w_gate, w_up, w_down)           # SwiGLU
     w, idx = kernels.router_top_k(logits, k=2)
-    y = kernels.moe(x, router_weight, w_gate, w_up, w_down, top_k=2)
+    y = kernels.moe(x, router_weight, w_gate, w_up, w_down, top_k=2)   # trains: router and experts
     loss = kernels.cross_entropy(logits, target)
     kernels.AdamW(model.parameters(), lr=1e-3).step()        # one kernel for every parameter
 

@@ -17,6 +17,10 @@ are, and transpose weight blocks on their way into SBUF (DMA transposes).
   weighted by the token's routing weight for it (0 for the experts it did not pick). Dense:
   the Tensor Engine runs every expert for every token (``E / k`` times the work of a kernel
   that gathers each expert's tokens, which needs loops whose bounds are data).
+- ``moe_bwd(gy, x, router, w_gate, w_up, w_down, k, renormalize, act) -> (dx, d_router,
+  dw_gate, dw_up, dw_down)``: every expert's backward (dense too), and the routing weights'
+  gradient through the top-k softmax to the router and to x. The experts' weight gradients are
+  accumulated in SBUF (``E * F * D`` bounded by it).
 """
 from __future__ import annotations
 
@@ -69,6 +73,58 @@ def gated_mlp_fwd(x, w_gate, w_up, w_down, act):
     return y
 
 
+def _mlp_backward_tile(x_row, x_t, gy_row, w_gate, w_up, w_down, act, mm, acc_gate, acc_up, acc_down, dx_acc):
+    """The gated MLP's backward for one row tile: ``dx_acc`` [rows, D] float32 += dx, and the
+    weight gradients' accumulators (per 128-row block) += this tile's contributions. ``gy_row``:
+    the output gradient [rows, D] in the matmul dtype. Returns the tile's output ``y``'s
+    hidden activations (the matmul dtype)."""
+    rows, d = x_row.shape
+    f = w_gate.shape[0]
+    hidden, gate, up = _hidden(x_t, w_gate, w_up, f, act, mm, keep_parts=True)
+    gy_t = transposed_chunks(gy_row, mm)
+    d_gate = sbuf((rows, f), mm, name="d_gate")
+    d_up = sbuf((rows, f), mm, name="d_up")
+    for f0, fc in spans(f, FMAX):
+        d_hidden = matmul_rows(gy_t, w_down, f0, fc, psum((rows, fc)))  # gy @ w_down
+        g, u = gate[:, f0:f0 + fc], up[:, f0:f0 + fc]
+        t = sbuf((rows, fc))
+        nisa.activation(dst=t, op=_ACT[act][0], data=g)  # act(g)
+        nisa.tensor_tensor(dst=d_up[:, f0:f0 + fc], data1=d_hidden, data2=t, op=nl.multiply)
+        nisa.activation(dst=t, op=_ACT[act][1], data=g)  # act'(g)
+        nisa.tensor_tensor(dst=t, data1=t, data2=u, op=nl.multiply)
+        nisa.tensor_tensor(dst=d_gate[:, f0:f0 + fc], data1=t, data2=d_hidden, op=nl.multiply)
+    # dx += d_gate @ w_gate + d_up @ w_up
+    dg_t, du_t = transposed_chunks(d_gate, mm), transposed_chunks(d_up, mm)
+    for d0, dc in spans(d, FMAX):
+        part = matmul_rows(dg_t, w_gate, d0, dc, psum((rows, dc)))
+        matmul_rows(du_t, w_up, d0, dc, part, first=False)
+        nisa.tensor_tensor(dst=dx_acc[:, d0:d0 + dc], data1=dx_acc[:, d0:d0 + dc], data2=part, op=nl.add)
+    # weight gradients: contractions over this tile's rows
+    for i, (f0, fc) in enumerate(spans(f, P)):
+        row_sums_into(acc_gate[i], d_gate[:, f0:f0 + fc], x_row)
+        row_sums_into(acc_up[i], d_up[:, f0:f0 + fc], x_row)
+    for i, (d0, dc) in enumerate(spans(d, P)):
+        row_sums_into(acc_down[i], gy_row[:, d0:d0 + dc], hidden)
+    return hidden
+
+
+def _weight_accumulators(d, f):
+    acc_gate = [sbuf((fc, d), name="dw_gate") for _, fc in spans(f, P)]
+    acc_up = [sbuf((fc, d), name="dw_up") for _, fc in spans(f, P)]
+    acc_down = [sbuf((dc, f), name="dw_down") for _, dc in spans(d, P)]
+    for t in acc_gate + acc_up + acc_down:
+        nisa.memset(dst=t, value=0.0)
+    return acc_gate, acc_up, acc_down
+
+
+def _store_weight_grads(acc_gate, acc_up, acc_down, dw_gate, dw_up, dw_down):
+    for i, (f0, fc) in enumerate(spans(dw_gate.shape[0], P)):
+        nisa.dma_copy(dst=dw_gate[f0:f0 + fc, :], src=acc_gate[i])
+        nisa.dma_copy(dst=dw_up[f0:f0 + fc, :], src=acc_up[i])
+    for i, (d0, dc) in enumerate(spans(dw_down.shape[0], P)):
+        nisa.dma_copy(dst=dw_down[d0:d0 + dc, :], src=acc_down[i])
+
+
 @nki.jit
 def gated_mlp_bwd(gy, x, w_gate, w_up, w_down, act):
     n, d = x.shape
@@ -78,47 +134,15 @@ def gated_mlp_bwd(gy, x, w_gate, w_up, w_down, act):
     dw_gate = hbm((f, d), w_gate.dtype)
     dw_up = hbm((f, d), w_up.dtype)
     dw_down = hbm((d, f), w_down.dtype)
-    acc_gate = [sbuf((fc, d), name="dw_gate") for _, fc in spans(f, P)]
-    acc_up = [sbuf((fc, d), name="dw_up") for _, fc in spans(f, P)]
-    acc_down = [sbuf((dc, f), name="dw_down") for _, dc in spans(d, P)]
-    for t in acc_gate + acc_up + acc_down:
-        nisa.memset(dst=t, value=0.0)
+    accumulators = _weight_accumulators(d, f)
     for r0, rows in spans(n, P):
         x_row = load(x[r0:r0 + rows, :], mm)
-        x_t = transposed_chunks(x_row, mm)
-        hidden, gate, up = _hidden(x_t, w_gate, w_up, f, act, mm, keep_parts=True)
-        gy_row = load(gy[r0:r0 + rows, :], mm)
-        gy_t = transposed_chunks(gy_row, mm)
-        d_gate = sbuf((rows, f), mm, name="d_gate")
-        d_up = sbuf((rows, f), mm, name="d_up")
-        for f0, fc in spans(f, FMAX):
-            d_hidden = matmul_rows(gy_t, w_down, f0, fc, psum((rows, fc)))  # gy @ w_down
-            g, u = gate[:, f0:f0 + fc], up[:, f0:f0 + fc]
-            t = sbuf((rows, fc))
-            nisa.activation(dst=t, op=_ACT[act][0], data=g)  # act(g)
-            nisa.tensor_tensor(dst=d_up[:, f0:f0 + fc], data1=d_hidden, data2=t, op=nl.multiply)
-            nisa.activation(dst=t, op=_ACT[act][1], data=g)  # act'(g)
-            nisa.tensor_tensor(dst=t, data1=t, data2=u, op=nl.multiply)
-            nisa.tensor_tensor(dst=d_gate[:, f0:f0 + fc], data1=t, data2=d_hidden, op=nl.multiply)
-        # dx = d_gate @ w_gate + d_up @ w_up
-        dg_t, du_t = transposed_chunks(d_gate, mm), transposed_chunks(d_up, mm)
-        out = sbuf((rows, d), x.dtype)
-        for d0, dc in spans(d, FMAX):
-            part = matmul_rows(dg_t, w_gate, d0, dc, psum((rows, dc)))
-            matmul_rows(du_t, w_up, d0, dc, part, first=False)
-            nisa.tensor_copy(dst=out[:, d0:d0 + dc], src=part)
-        nisa.dma_copy(dst=dx[r0:r0 + rows, :], src=out)
-        # weight gradients: contractions over this tile's rows
-        for i, (f0, fc) in enumerate(spans(f, P)):
-            row_sums_into(acc_gate[i], d_gate[:, f0:f0 + fc], x_row)
-            row_sums_into(acc_up[i], d_up[:, f0:f0 + fc], x_row)
-        for i, (d0, dc) in enumerate(spans(d, P)):
-            row_sums_into(acc_down[i], gy_row[:, d0:d0 + dc], hidden)
-    for i, (f0, fc) in enumerate(spans(f, P)):
-        nisa.dma_copy(dst=dw_gate[f0:f0 + fc, :], src=acc_gate[i])
-        nisa.dma_copy(dst=dw_up[f0:f0 + fc, :], src=acc_up[i])
-    for i, (d0, dc) in enumerate(spans(d, P)):
-        nisa.dma_copy(dst=dw_down[d0:d0 + dc, :], src=acc_down[i])
+        dx_acc = sbuf((rows, d), name="dx")
+        nisa.memset(dst=dx_acc, value=0.0)
+        _mlp_backward_tile(x_row, transposed_chunks(x_row, mm), load(gy[r0:r0 + rows, :], mm), w_gate, w_up, w_down,
+                           act, mm, *accumulators, dx_acc)
+        nisa.dma_copy(dst=dx[r0:r0 + rows, :], src=dx_acc)
+    _store_weight_grads(*accumulators, dw_gate, dw_up, dw_down)
     return dx, dw_gate, dw_up, dw_down
 
 
@@ -158,6 +182,37 @@ def router_top_k(logits, k, renormalize):
     return weights, indices
 
 
+def _routing(x_t, router, k, renormalize):
+    """A row tile's routing: ``combine`` [rows, E] (expert j's routing weight, 0 if not picked),
+    ``picked`` [rows, E] (1.0 for the k experts picked) and ``probs`` [rows, E], the softmax
+    the weights come from (over the k: ``combine`` itself; over all E otherwise)."""
+    rows, e = x_t[0][2].shape[1], router.shape[0]
+    logits = sbuf((rows, e))
+    nisa.tensor_copy(dst=logits, src=linear_t(x_t, router, 0, e, psum((rows, e))))
+    weights, index = _top_k(logits, k, renormalize)
+    expert = sbuf((rows, e))
+    nisa.iota(dst=expert, pattern=[[1, e]])
+    chosen = sbuf((rows, 8))
+    nisa.tensor_copy(dst=chosen, src=index)
+    combine, picked, hit = sbuf((rows, e)), sbuf((rows, e)), sbuf((rows, e))
+    nisa.memset(dst=combine, value=0.0)
+    nisa.memset(dst=picked, value=0.0)
+    for j in range(k):
+        nisa.tensor_scalar(dst=hit, data=expert, op0=nl.equal, operand0=chosen[:, j:j + 1])
+        nisa.tensor_tensor(dst=picked, data1=picked, data2=hit, op=nl.add)
+        nisa.tensor_scalar(dst=hit, data=hit, op0=nl.multiply, operand0=weights[:, j:j + 1])
+        nisa.tensor_tensor(dst=combine, data1=combine, data2=hit, op=nl.add)
+    probs = combine
+    if not renormalize:
+        top = sbuf((rows, 1))
+        nisa.tensor_reduce(dst=top, op=nl.maximum, data=logits, axis=1)
+        nisa.tensor_scalar(dst=top, data=top, op0=nl.multiply, operand0=-1.0)
+        probs, total = sbuf((rows, e)), sbuf((rows, 1))
+        nisa.activation_reduce(dst=probs, op=nl.exp, data=logits, bias=top, reduce_op=nl.add, reduce_res=total)
+        nisa.tensor_scalar(dst=probs, data=probs, op0=nl.divide, operand0=total)
+    return combine, picked, probs
+
+
 @nki.jit
 def moe_fwd(x, router, w_gate, w_up, w_down, k, renormalize, act):
     n, d = x.shape
@@ -166,21 +221,7 @@ def moe_fwd(x, router, w_gate, w_up, w_down, k, renormalize, act):
     y = hbm((n, d), x.dtype)
     for r0, rows in spans(n, P):
         x_t = transposed_chunks(load(x[r0:r0 + rows, :], mm), mm)
-        logits = sbuf((rows, e))
-        nisa.tensor_copy(dst=logits, src=linear_t(x_t, router, 0, e, psum((rows, e))))
-        weights, index = _top_k(logits, k, renormalize)
-        # combine[r, j] = the routing weight of expert j for row r (0 if not picked)
-        expert = sbuf((rows, e))
-        nisa.iota(dst=expert, pattern=[[1, e]])
-        picked = sbuf((rows, 8))
-        nisa.tensor_copy(dst=picked, src=index)
-        combine = sbuf((rows, e))
-        nisa.memset(dst=combine, value=0.0)
-        hit = sbuf((rows, e))
-        for j in range(k):
-            nisa.tensor_scalar(dst=hit, data=expert, op0=nl.equal, operand0=picked[:, j:j + 1], op1=nl.multiply,
-                               operand1=weights[:, j:j + 1])
-            nisa.tensor_tensor(dst=combine, data1=combine, data2=hit, op=nl.add)
+        combine, _, _ = _routing(x_t, router, k, renormalize)
         acc = sbuf((rows, d), name="acc")
         nisa.memset(dst=acc, value=0.0)
         for ei in range(e):
@@ -194,3 +235,63 @@ def moe_fwd(x, router, w_gate, w_up, w_down, k, renormalize, act):
         nisa.tensor_copy(dst=out, src=acc)
         nisa.dma_copy(dst=y[r0:r0 + rows, :], src=out)
     return y
+
+
+@nki.jit
+def moe_bwd(gy, x, router, w_gate, w_up, w_down, k, renormalize, act):
+    """The MoE layer's backward: each expert's gated-MLP backward on the output gradient scaled
+    by its routing weight; the routing weights' gradient ``dc[:, j] = rowsum(gy * y_j)`` (each
+    expert's output recomputed) through the softmax of the top-k (``dlogit = q * (m*dc -
+    rowsum(q*m*dc))``, ``m`` the picked experts, ``q`` the softmax) to the router and to x."""
+    n, d = x.shape
+    e, f = w_gate.shape[0], w_gate.shape[1]
+    mm = matmul_dtype(x.dtype)
+    dx = hbm((n, d), x.dtype)
+    d_router = hbm((e, d), router.dtype)
+    dw_gate, dw_up = hbm((e, f, d), w_gate.dtype), hbm((e, f, d), w_up.dtype)
+    dw_down = hbm((e, d, f), w_down.dtype)
+    accumulators = [_weight_accumulators(d, f) for _ in range(e)]
+    acc_router = sbuf((e, d), name="d_router")
+    nisa.memset(dst=acc_router, value=0.0)
+    for r0, rows in spans(n, P):
+        x_row = load(x[r0:r0 + rows, :], mm)
+        x_t = transposed_chunks(x_row, mm)
+        combine, picked, probs = _routing(x_t, router, k, renormalize)
+        gy_row = load(gy[r0:r0 + rows, :], name="gy")
+        dx_acc = sbuf((rows, d), name="dx")
+        nisa.memset(dst=dx_acc, value=0.0)
+        d_combine = sbuf((rows, e))
+        for ei in range(e):
+            scaled = sbuf((rows, d), mm)
+            nisa.tensor_scalar(dst=scaled, data=gy_row, op0=nl.multiply, operand0=combine[:, ei:ei + 1])
+            hidden = _mlp_backward_tile(x_row, x_t, scaled, w_gate[ei], w_up[ei], w_down[ei], act, mm,
+                                        *accumulators[ei], dx_acc)
+            h_t = transposed_chunks(hidden, mm)
+            total = sbuf((rows, 1))
+            nisa.memset(dst=total, value=0.0)
+            for d0, dc in spans(d, FMAX):  # rowsum(gy * y_e)
+                part = linear_t(h_t, w_down[ei], d0, dc, psum((rows, dc)))
+                prod, partial = sbuf((rows, dc)), sbuf((rows, 1))
+                nisa.tensor_tensor(dst=prod, data1=part, data2=gy_row[:, d0:d0 + dc], op=nl.multiply)
+                nisa.tensor_reduce(dst=partial, op=nl.add, data=prod, axis=1)
+                nisa.tensor_tensor(dst=total, data1=total, data2=partial, op=nl.add)
+            nisa.tensor_copy(dst=d_combine[:, ei:ei + 1], src=total)
+        # through the top-k softmax to the logits
+        masked, prod, dot = sbuf((rows, e)), sbuf((rows, e)), sbuf((rows, 1))
+        nisa.tensor_tensor(dst=masked, data1=d_combine, data2=picked, op=nl.multiply)
+        nisa.tensor_tensor(dst=prod, data1=masked, data2=probs, op=nl.multiply)
+        nisa.tensor_reduce(dst=dot, op=nl.add, data=prod, axis=1)
+        d_logits = sbuf((rows, e), mm)
+        nisa.tensor_scalar(dst=masked, data=masked, op0=nl.subtract, operand0=dot)
+        nisa.tensor_tensor(dst=d_logits, data1=masked, data2=probs, op=nl.multiply)
+        # dx += d_logits @ router ; d_router += d_logits.T @ x
+        dl_t = transposed_chunks(d_logits, mm)
+        for d0, dc in spans(d, FMAX):
+            part = matmul_rows(dl_t, router, d0, dc, psum((rows, dc)))
+            nisa.tensor_tensor(dst=dx_acc[:, d0:d0 + dc], data1=dx_acc[:, d0:d0 + dc], data2=part, op=nl.add)
+        row_sums_into(acc_router, d_logits, x_row)
+        nisa.dma_copy(dst=dx[r0:r0 + rows, :], src=dx_acc)
+    for ei in range(e):
+        _store_weight_grads(*accumulators[ei], dw_gate[ei], dw_up[ei], dw_down[ei])
+    nisa.dma_copy(dst=d_router, src=acc_router)
+    return dx, d_router, dw_gate, dw_up, dw_down

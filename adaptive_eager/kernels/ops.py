@@ -222,11 +222,33 @@ def _moe(x: Tensor, router_weight: Tensor, w_gate: Tensor, w_up: Tensor, w_down:
     return _mlp.moe_fwd(_rows(x), router_weight, w_gate, w_up, w_down, top_k, renormalize, activation).view(x.shape)
 
 
+@_op("moe_backward")
+def _moe_backward(grad: Tensor, x: Tensor, router_weight: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
+                  top_k: int, renormalize: bool, activation: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    dx, d_router, dg, du, dd = _mlp.moe_bwd(_rows(grad), _rows(x), router_weight, w_gate, w_up, w_down, top_k,
+                                            renormalize, activation)
+    return dx.view(x.shape), d_router, dg, du, dd
+
+
+def _moe_setup(ctx, inputs, output):
+    x, router_weight, w_gate, w_up, w_down, top_k, renormalize, activation = inputs
+    ctx.save_for_backward(x, router_weight, w_gate, w_up, w_down)
+    ctx.options = (top_k, renormalize, activation)
+
+
+def _moe_grad(ctx, grad):
+    return (*_moe_backward(grad, *ctx.saved_tensors, *ctx.options), None, None, None)
+
+
+_moe.register_autograd(_moe_grad, setup_context=_moe_setup)
+
+
 def moe(x: Tensor, router_weight: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, top_k: int = 2,
         renormalize: bool = True, activation: str = "silu") -> Tensor:
-    """A mixture-of-experts layer in one kernel (inference): the router (``router_weight``
-    [E, D]), its top-k, and the experts' gated MLPs (``w_gate``, ``w_up`` [E, F, D], ``w_down``
-    [E, D, F]) weighted by the routing weights."""
+    """A mixture-of-experts layer in one kernel (its backward one more): the router
+    (``router_weight`` [E, D]), its top-k, and the experts' gated MLPs (``w_gate``, ``w_up``
+    [E, F, D], ``w_down`` [E, D, F]) weighted by the routing weights (softmax over the k with
+    ``renormalize``, Mixtral's; else the softmax over every expert at the k)."""
     return _moe(x, router_weight, w_gate, w_up, w_down, top_k, renormalize, activation)
 
 

@@ -76,9 +76,10 @@ def gated_mlp_ref(x, wg, wu, wd, act=F.silu):
     return (act(x @ wg.T) * (x @ wu.T)) @ wd.T
 
 
-def moe_ref(x, router, wg, wu, wd, top_k):
-    values, index = torch.topk(x @ router.T, top_k)
-    weights = torch.softmax(values, -1)
+def moe_ref(x, router, wg, wu, wd, top_k, renormalize=True):
+    logits = x @ router.T
+    values, index = torch.topk(logits, top_k)
+    weights = torch.softmax(values, -1) if renormalize else torch.softmax(logits, -1).gather(1, index)
     out = torch.zeros_like(x)
     for e in range(router.shape[0]):
         out += (weights * (index == e)).sum(-1, keepdim=True) * gated_mlp_ref(x, wg[e], wu[e], wd[e])
@@ -174,13 +175,20 @@ def test_router_top_k(any_mode):
     torch.testing.assert_close(weights.cpu(), torch.topk(torch.softmax(logits, -1), 2).values, **TOL)
 
 
-def test_moe(any_mode):
-    e, d, f = 4, 64, 96
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_moe(any_mode, renormalize):
+    e, d, f = 4, 32, 48
     x, router = gen(20, d), gen(e, d, seed=1)
-    wg, wu, wd = gen(e, f, d, scale=0.1, seed=2), gen(e, f, d, scale=0.1, seed=3), gen(e, d, f, scale=0.1, seed=4)
-    y = K.moe(*on_device(x, router, wg, wu, wd), top_k=2)
-    torch.testing.assert_close(y.cpu(), moe_ref(x, router, wg, wu, wd, 2), **TOL)
-    assert launches() == {"nki::moe_fwd": 1}
+    wg, wu, wd = gen(e, f, d, scale=0.2, seed=2), gen(e, f, d, scale=0.2, seed=3), gen(e, d, f, scale=0.2, seed=4)
+    cpu, dev = leaves(x, router, wg, wu, wd), device_leaves(x, router, wg, wu, wd)
+    grad = gen(20, d, seed=5)
+    y = K.moe(*dev, top_k=2, renormalize=renormalize)
+    y.backward(grad.to("neuron"))
+    moe_ref(*cpu, 2, renormalize).backward(grad)
+    torch.testing.assert_close(y.detach().cpu(), moe_ref(x, router, wg, wu, wd, 2, renormalize), **TOL)
+    check_grads(dev, cpu, rtol=1e-4, atol=1e-4)
+    assert {name: n for name, n in launches().items() if name.startswith("nki::")} == {"nki::moe_fwd": 1,
+                                                                                       "nki::moe_bwd": 1}
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
