@@ -9,7 +9,9 @@ ops, memory and host time. This pass turns an out-of-place op back into its in-p
 variant when the tensor it would overwrite holds a graph input that the graph mutates
 anyway (its final ``copy_``) and nothing reads that value afterwards; the final
 ``copy_`` of a value already in the input's buffer is dropped. So the graph runs the ops
-eager runs (``_foreach_mul_``, ``_foreach_addcdiv_``...).
+eager runs (``_foreach_mul_``, ``_foreach_addcdiv_``...). A custom op that mutates its
+arguments (an NKI kernel's ``nki_op``) writes the input's buffer in place likewise, instead
+of a clone (``_mutate_bases_in_place``).
 
 Sound under one assumption, checked on every call (``inputs_distinct``): no other input
 shares storage with a mutated input (AOTAutograd gives aliased mutated inputs a synthetic
@@ -78,6 +80,9 @@ def reinplace_input_mutations(gm: torch.fx.GraphModule) -> list:
     for node in nodes:
         if node.op != "call_function":
             continue
+        if node.target is _AUTO_FUNCTIONALIZED:
+            _mutate_bases_in_place(node, buffer_of, last_read, position, written)
+            continue
         inplace = _inplace_variant(node.target)
         if inplace is None or not node.args:
             continue
@@ -113,6 +118,41 @@ def reinplace_input_mutations(gm: torch.fx.GraphModule) -> list:
         graph.lint()
         gm.recompile()
     return list(written)
+
+
+_AUTO_FUNCTIONALIZED = torch.ops.higher_order.auto_functionalized_v2
+
+
+def _mutate_bases_in_place(node, buffer_of, last_read, position, written) -> None:
+    """A custom op that mutates its arguments (``torch.library.custom_op(mutates_args=...)``,
+    ``torch_neuronx.nki_op``), functionalized as ``auto_functionalized_v2``: it clones each
+    base it writes, runs the op on the clones, and the graph copies them back. A base that
+    holds a graph input the graph mutates anyway, and that nothing reads afterwards, is not
+    cloned (``_only_clone_these_bases``, as Inductor's reinplacing does): the op writes the
+    input's buffer, and the final ``copy_`` of the value already there is dropped."""
+    bases = list(node.kwargs.get("_all_bases", ()))
+    if not bases or node.kwargs.get("_only_clone_these_bases") is not None:
+        return
+    others = [value for key, value in node.kwargs.items() if key != "_all_bases"]
+    others = list(_flat(others)) + list(_flat(node.args[1:]))
+    returns = node.args[0]._schema.returns if isinstance(node.args[0], torch._ops.OpOverload) else None
+    if returns is None:
+        return
+    outputs = len(returns) if len(returns) > 1 else 1  # the op's results come first, then the bases
+    in_place = []
+    for index, base in enumerate(bases):
+        buffer = buffer_of.get(base)
+        if buffer is None or bases.count(base) > 1 or base in others or last_read(base) != position[node]:
+            continue
+        in_place.append((index, buffer))
+    if not in_place:
+        return
+    done = {index for index, _ in in_place}
+    node.kwargs = dict(node.kwargs, _only_clone_these_bases=tuple(i for i in range(len(bases)) if i not in done))
+    for user in node.users:
+        if user.target is operator.getitem and user.args[1] - outputs in done:
+            buffer_of[user] = dict(in_place)[user.args[1] - outputs]
+    written.update(dict.fromkeys(buffer for _, buffer in in_place))
 
 
 def inputs_distinct(args, mutated_positions) -> bool:

@@ -42,14 +42,29 @@ def _on_neuron(gm, inputs) -> bool:
 def _skip_our_code() -> None:
     """Dynamo must not trace into this package or the runtime (the device guard's
     methods, say, that torch.accelerator calls back into): they are the device, as a C++
-    backend's code would be."""
+    backend's code would be. Each room and module of the device is skipped, not the
+    simulated NKI (``device/nki``, the package ``nki``): user code calls its kernels, and
+    Dynamo traces a kernel's ``__call__`` on neuron tensors down to one node of the graph
+    (``nki/_torch.py: device_call``, allowed in the graph). Likewise each module of the
+    runtime but its kernel library, whose functions are thin wrappers of custom operators
+    (one node each)."""
     if _SKIPPED:
         return
     _SKIPPED.append(True)
+    import importlib.util
+    import os
+    import pkgutil
+
     from torch._dynamo import trace_rules
 
-    for package in ("adaptive_eager_device", "adaptive_eager"):
-        trace_rules.add(package)
+    for module in pkgutil.iter_modules([os.path.dirname(os.path.abspath(__file__))]):
+        if module.name != "nki":
+            trace_rules.add(f"{__package__}.{module.name}")
+    runtime = importlib.util.find_spec("adaptive_eager")
+    if runtime is not None:  # the runtime's modules, not its kernel library (``adaptive_eager.kernels``),
+        for module in pkgutil.iter_modules(runtime.submodule_search_locations):  # user code calls it
+            if module.name != "kernels":
+                trace_rules.add(f"adaptive_eager.{module.name}")
 
 
 _SKIPPED: list = []

@@ -16,6 +16,10 @@ Entry point: :func:`category` (cached per op name).
   as ``_fused_adamw_`` runs (the loop rules fuse them by that group's shape);
 - ``OPAQUE``: known aten ops that run as a kernel of their own (index_put, scatter,
   sort...): they stay in the window, they just do not fuse;
+- ``KERNEL``: a custom kernel (an NKI kernel, ``device/ops/custom_kernels.py``): a
+  whole kernel of its own, written for the device; it stays in the window, runs alone,
+  never fuses (not even by the on-chip rule: it has the NeuronCore to itself) and is
+  fallible (it may fail on its data, an index out of bounds);
 - ``BARRIER``: anything unknown (ops outside the aten namespace): the window is flushed
   before it, and it runs alone.
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from adaptive_eager_device.ops.custom_kernels import is_custom_kernel
 
 POINTWISE = "pointwise"
 REDUCTION = "reduction"
@@ -34,6 +39,7 @@ MATMUL = "matmul"
 RANDOM = "random"
 FOREACH = "foreach"
 OPAQUE = "opaque"
+KERNEL = "kernel"
 BARRIER = "barrier"
 
 POINTWISE_EXTRA = {
@@ -114,7 +120,7 @@ def fallible(record) -> bool:
     known = _FALLIBLE_BY_OP.get(op)
     if known is None:
         schema = op._schema
-        if category(op) is RANDOM or any(
+        if category(op) in (RANDOM, KERNEL) or any(
             argument.name in _CHECKED_ARGUMENTS and "Tensor" in str(argument.type) for argument in schema.arguments
         ):
             known = True
@@ -132,6 +138,9 @@ def category(op) -> str:
     """The fusion category of an ``OpOverload`` (cached per overload)."""
     kind = CATEGORY_BY_OP.get(op)
     if kind is None:
+        if is_custom_kernel(op):
+            kind = CATEGORY_BY_OP[op] = KERNEL
+            return kind
         takes_generator = any(argument.name == "generator" for argument in op._schema.arguments)
         kind = CATEGORY_BY_OP[op] = _category_of(op._schema.name, frozenset(op.tags), takes_generator)
     return kind

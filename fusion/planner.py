@@ -45,7 +45,7 @@ import torch
 from adaptive_eager_device.core.reasons import Refused
 from adaptive_eager_device.hardware.plan import Plan
 
-from .categories import BARRIER, FOREACH, MATMUL, OPAQUE, REDUCTION, category
+from .categories import BARRIER, FOREACH, KERNEL, MATMUL, OPAQUE, REDUCTION, category
 from .kernels import group_spec
 from .patterns import KINDS as LIBRARY_KINDS
 from .patterns import find_patterns
@@ -89,7 +89,7 @@ class Group:
                 if storage is not None and nbytes > footprint.get(storage, 0):
                     footprint[storage] = nbytes
         self.footprint = footprint
-        self.on_chip_only = kind in (OPAQUE, BARRIER)
+        self.on_chip_only = kind in (OPAQUE, KERNEL, BARRIER)
         self.matches = []  # patterns.Match: library kernels inside the group
         self.repeats = 1  # how many same-shaped chains a horizontal fusion put together
 
@@ -153,7 +153,7 @@ def can_fuse(producer: Group, consumer: Group, edge, kinds, records, graph, unfu
     on_chip = False
     if reason is not None:
         if on_chip_bytes and producer.merged_footprint(consumer) <= on_chip_bytes and not any(
-            kinds[index] == BARRIER for index in producer.members + consumer.members
+            kinds[index] in (BARRIER, KERNEL) for index in producer.members + consumer.members
         ):
             on_chip = True
         else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from adaptive_eager_device.core.reasons import Refused
 
-from .categories import BARRIER, MATMUL, OPAQUE
+from .categories import BARRIER, KERNEL, MATMUL, OPAQUE
 from .patterns import KINDS as LIBRARY_KINDS
 
 
@@ -34,7 +34,7 @@ def _unknown_library_kernel(group, kinds, records):
 
 def _opaque(group, kinds, records):
     for index in group.members:
-        if kinds[index] in (OPAQUE, BARRIER):
+        if kinds[index] in (OPAQUE, KERNEL, BARRIER):
             return Refused.OPAQUE.of(records[index].name)
     return None
 

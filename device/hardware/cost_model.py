@@ -41,6 +41,10 @@ instruction cost" sections of ``nki/api/nki/isa/__init__.py``; the same text is 
 2.26.0). Paths are relative to that repository. Where two pages disagree, the choice
 and its reason are written next to the figure. Everything marked **assumption** is not
 published.
+
+A custom kernel (``device/ops/custom_kernels.py``: an NKI kernel) is timed by its own
+schedule instead: :data:`KERNEL_TIMES` gives its device time (the NKI simulator's schedule
+of its instructions on these engines, ``device/nki/cost.py``), and the queue adds the launch.
 """
 from __future__ import annotations
 
@@ -383,6 +387,10 @@ def _tiled(stationary: int, moving: int) -> float:
 
 PROFILE = DeviceProfile(lnc=CONFIG.lnc)  # the process's for good (NEURON_SIM_LNC, read at import)
 
+# Ops timed by their own kernel's schedule (custom kernels): op -> fn(meta args, meta
+# kwargs) -> device microseconds, the launch excluded (the queue adds it).
+KERNEL_TIMES: dict = {}
+
 
 def tensor_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
@@ -606,11 +614,17 @@ def op_cost(op, args, kwargs, written, read_bytes=(), write_bytes=(), result_byt
     written = list(_tensors(written))
     dtype = written[0].dtype if written else next((t.dtype for t in _tensors(args)), torch.float32)
     inputs = list(_tensors(list(args) + list(kwargs.values())))
-    engine_us = engine_work(op, args, kwargs, read, written, flops, dtype, profile)
+    timer = KERNEL_TIMES.get(op)
+    if timer is None:
+        engine_us = engine_work(op, args, kwargs, read, written, flops, dtype, profile)
+        time_us = profile.kernel_time_us(nbytes, engine_us)
+    else:  # a custom kernel: its own schedule (never fused, so no per-engine split is kept)
+        engine_us = [0.0] * len(ENGINES)
+        time_us = timer(args, kwargs)
     return OpCost(
         nbytes,
         flops,
-        profile.kernel_time_us(nbytes, engine_us),
+        time_us,
         engine_us,
         tuple(read_bytes),
         tuple(write_bytes),

@@ -10,21 +10,23 @@ allocation of every program is one tensor). torch CPU tensors work too and come 
 tensors.
 
 ``nki.run(kernel, *args)`` is the same run returning ``(outputs, trace, time_us)`` - the
-instruction trace and the simulated device time (``nki.cost.schedule`` plus one launch) - for
-callers that account for kernels (the device's queue, later).
+instruction trace and the simulated device time (``nki.cost.schedule`` plus one launch).
+
+Calling a kernel with ``neuron`` torch tensors is one kernel launch on the device's queue
+(``_torch.py``).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import math
-import threading
 
 import numpy as np
 
 from . import _dtypes
 from . import cost as _cost
-from ._state import NkiValidationError, Program, Shared, set_current, trim_traceback
+from ._launch import kernel_key, launch
+from ._state import NkiValidationError, trim_traceback
 from .tensor import NkiTensor, from_numpy, private_hbm, shared_hbm
 
 
@@ -36,6 +38,9 @@ class Kernel:
         self.grid = grid
         self.options = dict(options or {})
         functools.update_wrapper(self, fn)
+        # a number for the kernel and its grid: what a device call passes to ``_torch.device_call``
+        # (an int, so that torch.compile puts the call in its graph as one node)
+        self.key = kernel_key(self)
 
     def __getitem__(self, grid):
         grid = tuple(int(g) for g in grid) if isinstance(grid, (tuple, list)) else (int(grid),)
@@ -50,6 +55,10 @@ class Kernel:
     def __call__(self, *args, **kwargs):
         from ._state import maybe_current
 
+        if _on_device(args) or _on_device(kwargs.values()):
+            from . import _torch  # imports torch and the device: only for neuron tensors
+
+            return _torch.device_call(self.key, *args, **kwargs)
         if maybe_current() is not None:  # a kernel calling another: inlined, as the compiler does
             return self.fn(*args, **kwargs)
         return simulate(self)(*args, **kwargs)
@@ -112,12 +121,29 @@ def _is_torch(x) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "detach")
 
 
+def _on_device(values) -> bool:
+    """Does any argument (nested in lists, tuples, dicts) hold a torch tensor on a device (a
+    ``neuron`` tensor), or a FakeTensor (tracing: ``torch.compile``, a custom op's fake kernel)?
+    Then the call is one kernel op (``_torch.py``)."""
+    for value in values:
+        if _is_torch(value):
+            if value.device.type != "cpu" or type(value).__name__ == "FakeTensor":
+                return True
+        elif isinstance(value, (list, tuple)):
+            if _on_device(value):
+                return True
+        elif isinstance(value, dict):
+            if _on_device(value.values()):
+                return True
+    return False
+
+
 def _torch_to_numpy(t):
     import torch
 
     if t.device.type != "cpu":
         raise TypeError(f"nki.simulate: a {t.device.type} tensor; the simulator takes numpy arrays or CPU torch "
-                        "tensors (NKI kernels on neuron tensors are not integrated yet)")
+                        "tensors (call the @nki.jit kernel itself on neuron tensors: one kernel on the device)")
     t = t.detach().contiguous()
     special = {torch.bfloat16: (torch.int16, _dtypes.bfloat16)}
     for name, nki_dtype in (("float8_e4m3fn", _dtypes.float8_e4m3fn), ("float8_e5m2", _dtypes.float8_e5m2)):
@@ -197,45 +223,11 @@ def _outputs(value, as_torch):
 
 
 def _execute(kernel: Kernel, args, kwargs):
-    grid = kernel.grid
-    nprograms = math.prod(grid) if grid else 1
+    nprograms = math.prod(kernel.grid) if kernel.grid else 1
     inputs = _Inputs(args, kwargs, shared_hbm if nprograms > 1 else private_hbm)
-    shared = Shared(nprograms)
-    programs = []
-    for index in range(nprograms):
-        pid = tuple(int(x) for x in np.unravel_index(index, grid)) if grid else ()
-        programs.append(Program(kernel.name, grid, pid, shared, index))
-    results = [None] * nprograms
-    errors = [None] * nprograms
-
-    def body(index):
-        previous = set_current(programs[index])
-        try:
-            results[index] = kernel.fn(*inputs.args, **inputs.kwargs)
-        except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
-            errors[index] = error
-            if shared.barrier is not None:
-                shared.barrier.abort()
-        finally:
-            programs[index].active = False
-            set_current(previous)
-
-    if nprograms == 1:
-        body(0)
-    else:
-        threads = [threading.Thread(target=body, args=(i,), name=f"nki-{kernel.name}-{i}") for i in range(nprograms)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    failure = next((e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)), None)
-    failure = failure or next((e for e in errors if e is not None), None)
-    if failure is not None:
-        if isinstance(failure, NkiValidationError):
-            trim_traceback(failure)
-        raise failure
+    result, programs = launch(kernel, inputs.args, inputs.kwargs)
     inputs.write_back()
-    outputs = _outputs(results[0], inputs.torch)
+    outputs = _outputs(result, inputs.torch)
     trace = [ins for program in programs for ins in program.trace]
     return outputs, trace, programs
 

@@ -76,7 +76,13 @@ else:
     def current_device() -> int:
         return torch.neuron.current_device()
 
+    from ._nki_op import nki_op  # noqa: F401  (TorchNeuron's way to register an NKI kernel as an op)
+
     def __getattr__(name: str):
+        if name == "nki":  # TorchNeuron imports NKI when it loads; here on first use
+            import nki
+
+            return nki
         if name.startswith("__"):
             raise AttributeError(name)
         raise AttributeError(
