@@ -37,7 +37,7 @@ differ in how ops are grouped into launches.
 """
 from __future__ import annotations
 
-from .fusion.categories import BARRIER, MATMUL
+from .fusion.categories import BARRIER, KERNEL, MATMUL
 
 
 class AdaptivePolicy:
@@ -95,8 +95,8 @@ def breaks_region(op, kind) -> str:
     found = _BREAKS.get(op)
     if found is None:
         schema = op._schema
-        if kind is BARRIER:
-            found = "custom kernel"  # outside aten: a custom kernel or a collective
+        if kind is BARRIER or kind is KERNEL:
+            found = "custom kernel"  # outside aten: an NKI kernel, a custom op or a collective
         elif schema.name in NON_COMPUTE:
             found = "non-compute"
         elif any(argument.alias_info is not None and argument.alias_info.is_write for argument in schema.arguments):

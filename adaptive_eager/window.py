@@ -42,6 +42,7 @@ from adaptive_eager_device.core.reasons import Flush
 from adaptive_eager_device.hardware.execution_queue import QUEUE
 from adaptive_eager_device.hardware.fused_kernel import WindowLaunches
 from adaptive_eager_device.hardware.plan import library_kernels_off
+from adaptive_eager_device.hardware.profiler import PROFILER
 
 from .fusion.caches import CountingLRU
 from .fusion.categories import BARRIER, FOREACH, category
@@ -293,10 +294,10 @@ class AdaptiveSink:
         plan looked up by ``key`` as ``flush`` looks it up, and ``launch_for(plan)`` ->
         ``(native launch, library kernels off, stream)`` or None handed to the queue with
         the same accounting. False (nothing done) when the plan is not cached yet, faults are
-        injected, the timeline is recorded or the native path is off: then the caller
-        makes the records and flushes them."""
-        if QUEUE.observing or QUEUE.injecting_faults or not CONFIG.native:
-            return False
+        injected, the timeline or a torch profile is recorded or the native path is off:
+        then the caller makes the records and flushes them."""
+        if QUEUE.observing or QUEUE.injecting_faults or not CONFIG.native or PROFILER._is_profiler_enabled:
+            return False  # (the profiler ties the records' ops to the compiled call)
         failed = QUEUE.take_failed_kernels()
         if failed:
             self._mark_unfusable(failed)

@@ -5,7 +5,7 @@ Entry points: :func:`group_spec` (a planned group, with its window's ``WindowGra
 
 ``GroupSpec`` and ``KernelSpec`` are the plan format's (``device/hardware/plan.py``):
 immutable once built; the device executes them and keeps what its launches change
-(launch counts, built kernels) in a table of its own, never on the spec.
+(launch counts) in a table of its own, never on the spec.
 
 A fused kernel runs its ops back to back, in program order, keeping its *dead
 intermediates* in registers instead of device memory: an output produced and consumed
@@ -48,7 +48,7 @@ class KernelCache(CountingLRU):
 def _signature(members, graph, where, dead) -> tuple:
     """What identifies a fused kernel: its ops' signatures, how data flows between them,
     which of their outputs are dead, and which outside storages are the same one (numbered
-    by first appearance, complemented), since a built kernel's in-place rules depend on it.
+    by first appearance, complemented), since a native program's in-place rules depend on it.
     ``where``: window position -> offset in ``members``."""
     records = graph.records
     producer = graph.producer

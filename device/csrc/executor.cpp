@@ -746,7 +746,9 @@ void register_executor(py::module& m) {
       .def_property_readonly("steps", [](const Program& program) { return program.steps.size(); })
       .def_property_readonly("slots", [](const Program& program) { return program.slots; });
   py::class_<Launch, std::shared_ptr<Launch>>(m, "NativeLaunch")
-      .def_property_readonly("steps", [](const Launch& launch) { return launch.program->steps.size(); });
+      .def_property_readonly("steps", [](const Launch& launch) { return launch.program->steps.size(); })
+      // what the Python fallback would run: its records (the profiler reads them at launch)
+      .def_property_readonly("fallback", [](const Launch& launch) { return launch.fallback; });
   py::class_<Builder>(m, "ProgramBuilder")
       .def(py::init<>())
       .def("numbered", &Builder::numbered)

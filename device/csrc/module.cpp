@@ -7,7 +7,7 @@
 //
 // - memory.cpp: device memory, an allocator of PrivateUse1 storages (a storage is an
 //   identity: a unique, aligned address, never dereferenced, and in its DataPtr's context
-//   the Python DeviceStorage, device/memory/storage.py, that holds the bytes in a CPU tensor);
+//   the Python DeviceStorage, device/memory/storage.py, whose bytes are in its cell);
 //   storage resizing (`storage.resize_`); pinned host memory (`pin_memory()`,
 //   `is_pinned()`); the device indices and the current device per thread; the
 //   callbacks into the Python device.
@@ -24,6 +24,13 @@
 // - sparse.cpp: the sparse COO kernels that only read or re-point a sparse tensor (its
 //   construction, `_indices`, `_values`, `copy_`, resizing: at::native's device-generic
 //   functions) at SparsePrivateUse1.
+// - cells.cpp: `_C.StorageBase`, the C part of DeviceStorage: the cell holding a storage's
+//   bytes (a CPU tensor that never gets a Python object) and its data/materialize/adopt/
+//   poison accessors.
+// - executor.cpp: the device worker (`_C.Worker`, one per execution queue) and native
+//   launches: `_C.native_op` (one op), `_C.ProgramBuilder` (a window's or a compiled
+//   graph's ops as one program), `_C.bind`; what the worker cannot run in C++ it hands
+//   back to Python.
 // - profiler.cpp: torch.profiler's device activity: a Kineto child profiler registered for
 //   PrivateUse1 (REGISTER_PRIVATEUSE1_PROFILER), the calls the device makes per op and per
 //   kernel launch (profiler_*), and the allocator's memory events (profile_memory).

@@ -6,7 +6,9 @@ Every stream maps onto this one FIFO, as on TorchNeuron: order is always kept, a
 stream gets an engine of its own. An item on the queue is anything with an
 ``execute(queue)`` method: an ``OpRecord`` (one strict-eager kernel), a fused kernel or
 a window's command list (``device/hardware/fused_kernel.py``), a fence (what ``synchronize``
-waits on) or an event marker.
+waits on) or an event marker; or a native launch (``device/csrc/executor.cpp``: one op, a
+window's launches or a compiled call's program), which the worker runs in C++ and hands
+back to Python (``_run_fallback``) when the failure rules apply.
 
 The host accounts for a kernel when it launches it (``launch``: launches, bytes, the
 simulated clock). Items call back into the queue to report failures
@@ -20,9 +22,11 @@ simulated clock). Items call back into the queue to report failures
   the signatures at its next flush (``take_failed_kernels``) and stops fusing that chain.
 
 What the host side (the runtime, ``adaptive_eager``) asks of the queue is public API, not
-its fields: ``backlog_us()`` (the simulated device ahead of the host), ``trace_recorder``
-(the timeline while tracing, else None; set by ``set_trace_recorder``), ``observing``
-(tracing: each kernel its own queue item), ``injecting_faults``,
+its fields: ``launch``, ``launch_batch``, ``backlog_us()`` (the simulated device ahead of
+the host), ``backlog_kernels()`` (launched kernels not yet finished, simulated),
+``trace_recorder`` (the timeline while tracing, else None; set by ``set_trace_recorder``),
+``observing`` (tracing: each kernel its own Python queue item),
+``native_counts()``, ``injecting_faults``,
 ``issue_ops`` (ops issued without the per-op path: a compiled graph's replay),
 ``take_failed_kernels`` and ``reset_kernel_summary``. A fused kernel asks
 ``must_run_op_by_op(records)`` before it runs, and ``op_record.run_record`` applies the
@@ -170,8 +174,8 @@ class ExecutionQueue:
 
     def launch(self, kernel, key, nbytes: int, time_us: float, stream: int, ops: int = 1) -> int:
         """Submit one kernel launch and account for it (``time_us``: its time without the
-        launch overhead, which ``account`` adds)."""
-        start = self.account(key, nbytes, time_us, stream)
+        launch overhead, which ``_account`` adds)."""
+        start = self._account(1, nbytes, time_us, ((key, 1, time_us, nbytes),), stream)
         if PROFILER._is_profiler_enabled:
             profiler.launched(kernel, key, time_us + CONFIG.launch_us, stream)
         sequence = self.submit(kernel, stream, nbytes, ops)
@@ -195,7 +199,7 @@ class ExecutionQueue:
         count = len(costs.each)
         self._account(count, costs.nbytes, costs.time_us, costs.by_key, stream, costs.each)
         if PROFILER._is_profiler_enabled:
-            profiler.launched_window(kernels, costs, stream)  # before the worker can release the records
+            profiler.launched_window(kernels, costs, stream, CONFIG.launch_us)  # before the worker can release the records
         if type(kernels) is list:
             self.submitted += count
             self._batch.extend(kernels)
@@ -309,10 +313,10 @@ class ExecutionQueue:
 
     @property
     def observing(self) -> bool:
-        """Tracing or profiling: each kernel goes on the queue as its own Python item (not
-        a native launch), so the timeline gives it a slot of its own, and the profiler,
-        which lays kernels out at launch on the host, reads its records (their ops)."""
-        return self.trace_recorder is not None or PROFILER._is_profiler_enabled
+        """Tracing: each kernel goes on the queue as its own Python item (not a native
+        launch), so the timeline gives it a slot of its own (the profiler needs none: it
+        lays kernels out at launch, from their records)."""
+        return self.trace_recorder is not None
 
     @property
     def injecting_faults(self) -> bool:
@@ -406,8 +410,8 @@ class ExecutionQueue:
     # -- device side -----------------------------------------------------------------
     def must_run_op_by_op(self, records) -> bool:
         """Must a fused kernel of ``records`` run each op by the failure rules (a fault
-        injected, a failure pending, or a poisoned input), with no built or library
-        kernel in between?"""
+        injected, a failure pending, or a poisoned input), with no library kernel in
+        between?"""
         if self.faults is not None or self.failures.first is not None:
             return True
         return self.poison_seen and any(

@@ -8,8 +8,7 @@ inside a kernel that runs as one library kernel), :class:`GroupSpec` (a planned 
 
 The planner (``adaptive_eager.fusion``) builds these; the device (``fused_kernel.py``:
 ``WindowLaunches``, ``FusedKernel``) reads them by field and executes them; nothing
-changes them once built. What a kernel's launches change on the device (launch counts,
-built functions) lives in the device's own table (``fused_kernel.STATE``), never here.
+changes them once built.
 
 A library kernel stands for a chain whose ops' constants it assumes (RMSNorm's ``eps``,
 ``pow``'s exponent 2): its ``checks``. The planner matches a chain only where they hold,

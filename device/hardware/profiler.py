@@ -30,6 +30,7 @@ __all__ = ["PROFILER", "issued", "issued_all", "launched", "launched_window", "h
 
 _op_issued = _native.profiler_op_issued
 _kernel_launched = _native.profiler_kernel_launched
+_NativeLaunch = _native.NativeLaunch
 
 
 def _name(key) -> str:
@@ -51,6 +52,8 @@ def issued_all(records) -> None:
 
 
 def _records_of(kernel):
+    if type(kernel) is _NativeLaunch:  # one strict op's: its record
+        kernel = kernel.fallback
     records = getattr(kernel, "records", None)  # a FusedKernel; an OpRecord is its own
     return (kernel,) if records is None else records
 
@@ -69,19 +72,22 @@ def launched(kernel, key, time_us: float, stream: int) -> None:
     _launch(_name(key), time_us, stream, _records_of(kernel))
 
 
-def launched_window(kernels, costs, stream: int) -> None:
+def launched_window(kernels, costs, stream: int, launch_us: float) -> None:
     """The kernels of one flushed window, launched together (``ExecutionQueue.launch_batch``;
-    ``costs.each``: ``(key, bytes, time_us, ops)`` per kernel, in order). ``kernels`` is a
-    ``WindowLaunches`` command list, or a list of queue items. Called before the queue gets
+    ``costs.each``: ``(key, bytes, time_us, ops)`` per kernel, in order, each without the
+    launch overhead ``launch_us`` that the queue adds to each). ``kernels`` is a
+    ``WindowLaunches`` command list, its native launch, or a list of queue items. Called before the queue gets
     them: the worker releases a window's records as it runs them."""
     if type(kernels) is list:
         for kernel, (key, _, time_us, _) in zip(kernels, costs.each):
-            _launch(_name(key), time_us, stream, _records_of(kernel))
+            _launch(_name(key), time_us + launch_us, stream, _records_of(kernel))
         return
+    if type(kernels) is _NativeLaunch:  # a window's, in C++: its command list
+        kernels = kernels.fallback
     records = kernels.records
     for (members, spec), (key, _, time_us, _) in zip(kernels.launches, costs.each):
         ops = (records[members],) if spec is None else [records[index] for index in members]
-        _launch(_name(key), time_us, stream, ops)
+        _launch(_name(key), time_us + launch_us, stream, ops)
 
 
 def host_kernel(key, time_us: float, stream: int) -> None:

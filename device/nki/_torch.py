@@ -16,7 +16,7 @@ eager one window entry the planner never fuses, in compiled mode one node of the
   It gives the outputs' shapes and dtypes (the op's meta and fake kernel: FakeTensor and
   ``torch.compile`` see them), which inputs the kernel writes (the op's schema marks them
   ``Tensor(a!)``), which returned tensors are inputs, and the kernel's schedule (its simulated
-  device time: ``nki.cost.schedule`` of the trial's instructions, plus one launch). The trial
+  device time: ``nki.cost.schedule`` of the trial's instructions; the queue adds the launch). The trial
   assumes what NKI's compiler assumes: control flow depends on shapes and non-tensor
   arguments, not on tensor values; a kernel whose loops follow data it reads into registers
   (``dynamic_range``) is timed by the trial's data (zeros).

@@ -69,6 +69,32 @@ def test_a_region_never_continues_past_a_matmul_like_op(torchneuron):
     assert torch.equal(out.cpu(), ((((cpu_x * 2 + 1) @ cpu_w) * 3 + 1) @ cpu_w).relu())
 
 
+def test_a_custom_kernel_runs_alone_under_torchneuron(torchneuron):
+    """An NKI kernel (category KERNEL, one op) breaks its region: the ops before it and
+    after it are launched apart from it, never compiled into one region with it."""
+    import nki
+    import nki.isa as nisa
+    import nki.language as nl
+
+    @nki.jit
+    def double(a):
+        t = nl.ndarray(a.shape, a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a)
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=2.0)
+        out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    x = deepen_queue(uploaded(128, 8))
+    c = (double(x * 3) + 1).sin()
+    found = kernels()
+    assert found.get("nki::double") == 1, found
+    assert not any("double" in name for name in found if name != "nki::double"), found  # alone
+    reasons = adaptive_eager.stats()["flushes"]["by_reason"]
+    assert any(reason.startswith("region_break: custom kernel") for reason in reasons), reasons
+    assert torch.equal(c.cpu(), ((x.cpu() * 3) * 2 + 1).sin())
+
+
 @pytest.mark.parametrize("write", [
     lambda a: a.add_(1),
     lambda a: torch.add(a, 1, out=a),
