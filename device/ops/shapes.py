@@ -23,6 +23,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import _C as _native
+from ..core.errors import QUANTIZED_DTYPES, quantized_refusal, users_error
 from ..hardware import cost_model
 from ..memory.storage import storage_nbytes
 from .cpu_warnings import RESIZED_WARNING, CpuWarned, warnings_of_call
@@ -326,6 +327,9 @@ def infer(entry, args, kwargs, is_device=lambda value: False) -> Inference | str
         structure, values = ("list" if isinstance(result, list) else "tuple"), tuple(result)
     else:  # a host value: not an op the device can queue
         return NO_META
+    if any(v is not None and (v.is_quantized or v.dtype in QUANTIZED_DTYPES) for v in values) or any(
+            isinstance(v, torch.dtype) and v in QUANTIZED_DTYPES for v in itertools.chain(meta_args, meta_kwargs.values())):
+        raise users_error(quantized_refusal(entry.name))  # quantize_per_tensor: no quantized kernels here
     if any(v is not None and v.layout != torch.strided for v in values):
         return NO_META  # a sparse result (``to_sparse``): the CPU makes it (device/ops/sparse.py)
     aliases = entry.return_alias if structure == "tuple" else entry.return_alias * len(values)

@@ -1,4 +1,7 @@
 """Ops that once went wrong on `neuron`, each checked against the CPU."""
+import contextlib
+import warnings
+
 import pytest
 import torch
 
@@ -281,3 +284,28 @@ def test_attention_with_a_mask_that_requires_grad_takes_the_cpus_math_path():
 
     result = attend(*(t.to("neuron") for t in (q, k, v, mask, grad)))
     assert_same(result, attend(q, k, v, mask, grad), **EXACT)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch._empty_affine_quantized([2, 2], scale=2, zero_point=3, dtype=torch.quint8, device="neuron"),
+    lambda: torch.empty(2, dtype=torch.qint8, device="neuron"),
+    lambda: torch.quantize_per_tensor(torch.ones(2, device="neuron"), 0.1, 0, torch.quint8),
+    lambda: torch.quantize_per_channel(torch.ones(2, 2, device="neuron"), torch.ones(2, device="neuron"),
+                                       torch.zeros(2, dtype=torch.long, device="neuron"), 0, torch.quint8),
+    lambda: torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.quint8).to("neuron"),
+], ids=["empty_affine_quantized", "empty_qint8", "quantize_per_tensor", "quantize_per_channel", "upload"])
+def test_quantized_tensors_are_refused_at_the_call(make):
+    """Issue 35: PyTorch has no quantized kernels for a PrivateUse1 device; a quantized
+    tensor on neuron is refused at the call by name (the dispatcher's message listed
+    backends; quantize_per_tensor made a float tensor and a deferred kernel failure)."""
+    with _quietly():
+        with pytest.raises(NotImplementedError, match="quantized tensors are not supported on the neuron device"):
+            make()
+    torch.neuron.synchronize()  # nothing deferred
+
+
+@contextlib.contextmanager
+def _quietly():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantize_per_tensor's deprecation warning
+        yield
