@@ -309,3 +309,22 @@ def _quietly():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # quantize_per_tensor's deprecation warning
         yield
+
+
+def test_unbatched_channels_last_3d_max_pool3d_has_the_cpu_layout():
+    """Issue 35 (test_max_pool3d_ndhwc): an unbatched (C, D, H, W) input laid out
+    channels-last-3d gives outputs of that layout on the CPU; the meta kernel gave
+    contiguous ones."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 6, 12, 13, 14).contiguous(memory_format=torch.channels_last_3d).squeeze(0)
+    grad = torch.randn(1, 6, 2, 2, 2).contiguous(memory_format=torch.channels_last_3d).squeeze(0)
+
+    def run(device):
+        t = x.to(device).requires_grad_()
+        out, indices = torch.nn.functional.max_pool3d(t, (5, 6, 7), return_indices=True)
+        out.backward(grad.to(device))
+        return out, indices, t.grad
+
+    for got, expected in zip(run("neuron"), run("cpu")):
+        assert got.stride() == expected.stride()
+        assert torch.equal(got.cpu(), expected)
