@@ -39,7 +39,8 @@ from ..core.errors import users_error
 from .shapes import (
     NO_META, RESIZED_WARNING, SHAPE_CACHE, SHAPE_CACHE_SIZE, Inference, MetaRejected, Refused, TrialRefused, infer,
 )
-from .views import set_metadata
+from .op_table import op_entry
+from .views import deterministic_fill_value, set_metadata
 
 aten = torch.ops.aten
 CPU = torch.device("cpu")
@@ -398,4 +399,8 @@ def allocate(entry, args, kwargs):
     shape, stride = tuple(meta.shape), tuple(meta.stride())
     nbytes = storage_nbytes(shape, stride, meta.element_size())
     # no bytes yet: the first kernel writing it makes them (an upload's copy), or a read
-    return device_tensor(shape, stride, meta.dtype, DeviceStorage(shape, stride, meta.dtype, nbytes), nbytes)
+    tensor = device_tensor(shape, stride, meta.dtype, DeviceStorage(shape, stride, meta.dtype, nbytes), nbytes)
+    fill = deterministic_fill_value(meta.dtype)
+    if fill is not None:  # deterministic mode: NaN or the largest value, as ATen's empty writes
+        record_kernel(op_entry(aten.fill_.Scalar), (tensor, fill), {})
+    return tensor

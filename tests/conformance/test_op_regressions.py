@@ -328,3 +328,28 @@ def test_unbatched_channels_last_3d_max_pool3d_has_the_cpu_layout():
     for got, expected in zip(run("neuron"), run("cpu")):
         assert got.stride() == expected.stride()
         assert torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64, torch.int32, torch.uint8, torch.bool])
+def test_deterministic_mode_fills_uninitialized_memory_as_the_cpu(dtype):
+    """Issue 35 (test_deterministic_empty, test_deterministic_resize): under
+    torch.use_deterministic_algorithms(True) ATen fills fresh memory with NaN (floating,
+    complex) or the dtype's largest value, at the call; and a storage grown by resize_
+    in its new part only. Read after the mode is off, as the upstream tests read."""
+    from torch.testing._internal.common_utils import DeterministicGuard
+
+    def made(device):
+        with DeterministicGuard(True, fill_uninitialized_memory=True):
+            tensors = [torch.empty(10, 9, device=device, dtype=dtype),
+                       torch.empty_like(torch.zeros(10, 9, device=device, dtype=dtype)),
+                       torch.empty_strided((10, 9), (1, 5), device=device, dtype=dtype),
+                       torch.empty_permuted((2, 3, 5), (1, 0, 2), device=device, dtype=dtype)]
+            grown = torch.ones(2, 3, device=device, dtype=dtype)
+            grown.resize_(4, 5)
+            tensors.append(grown)
+        return [t.cpu() for t in tensors]
+
+    for got, expected in zip(made("neuron"), made("cpu")):
+        assert torch.equal(got.isnan(), expected.isnan()) if dtype.is_floating_point or dtype.is_complex else True
+        assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(expected)) if dtype.is_complex or dtype.is_floating_point \
+            else torch.equal(got, expected)
