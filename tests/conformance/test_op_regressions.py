@@ -353,3 +353,19 @@ def test_deterministic_mode_fills_uninitialized_memory_as_the_cpu(dtype):
         assert torch.equal(got.isnan(), expected.isnan()) if dtype.is_floating_point or dtype.is_complex else True
         assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(expected)) if dtype.is_complex or dtype.is_floating_point \
             else torch.equal(got, expected)
+
+
+def test_a_data_dependent_op_refuses_a_host_out_tensor():
+    """Issue 35: nonzero (or masked_select) of a neuron tensor into an out= tensor on the
+    CPU raises CUDA's device mismatch at the call; it wrote the host tensor. An out= of
+    the wrong dtype raises the CPU's error at the call."""
+    x = torch.tensor([0.0, 1.0, 2.0], device="neuron")
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.nonzero(x, out=torch.empty(0, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.masked_select(x, x > 0, out=torch.empty(0))
+    with pytest.raises(RuntimeError, match="Expected out tensor to have scalar type Long"):
+        torch.nonzero(x, out=torch.empty(0, device="neuron"))
+    out = torch.empty(0, dtype=torch.long, device="neuron")
+    torch.nonzero(x, out=out)
+    assert torch.equal(out.cpu(), torch.tensor([[1], [2]]))
