@@ -51,7 +51,7 @@ _claim_privateuse1()
 from . import _C as _native  # noqa: E402
 from . import api, dynamo  # noqa: E402
 from .core.config import CONFIG  # noqa: E402
-from .core.errors import user_facing, users_error  # noqa: E402
+from .core.errors import quantized_refusal, user_facing, users_error  # noqa: E402
 from .core.reasons import Flush  # noqa: E402
 from .hardware.execution_queue import HOST_LOCK, QUEUE  # noqa: E402
 from .hardware.sink import drain, synchronize  # noqa: E402
@@ -164,9 +164,17 @@ def _refuse_sparse(op, *args, **kwargs):
     ))
 
 
+def _refuse_quantized(op, *args, **kwargs):
+    """Quantized tensors on the device: ``QuantizedPrivateUse1`` has no kernel in PyTorch
+    (the quantized kernels are the CPU's and CUDA's), so the device refuses them at the
+    call by name, where the dispatcher's own message lists backends."""
+    raise users_error(quantized_refusal(op._schema.name))
+
+
 def _register_kernels() -> None:
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(user_facing(_boxed_fallback), dispatch_key="PrivateUse1")
+    fallback.fallback(user_facing(_refuse_quantized), dispatch_key="QuantizedPrivateUse1")
 
     constructors = torch.library.Library("aten", "IMPL")
     sparse.register(fallback, constructors)  # COO: the CPU's sparse kernels on host copies (device/ops/sparse.py)

@@ -61,6 +61,18 @@ def describe_call(op_name: str, args, kwargs) -> str:
     return f"{op_name}({', '.join(parts)})"
 
 
+QUANTIZED_DTYPES = frozenset({torch.quint8, torch.qint8, torch.qint32, torch.quint4x2, torch.quint2x4})
+
+
+def quantized_refusal(op_name: str) -> NotImplementedError:
+    """The device's refusal of a quantized tensor (no kernels for them; PyTorch's
+    quantized kernels are the CPU's and CUDA's)."""
+    return NotImplementedError(
+        f"quantized tensors are not supported on the neuron device ({op_name}); quantize on the CPU, or "
+        "keep the tensor in a floating-point dtype on the device"
+    )
+
+
 def users_error(error: BaseException) -> BaseException:
     """Mark ``error`` as the user's: the CPU's own error for the user's arguments (a shape
     or dtype error the CPU kernel raised), or the device refusing them on purpose (device

@@ -20,9 +20,10 @@ import torch
 
 from ..core.errors import users_error
 from ..core.reasons import Flush
-from ..memory.indices import check_ordinal
+from ..memory.indices import check_ordinal, current_index
 from ..memory.tensor import describe
 from . import recorder
+from .device_guard import mismatch
 from .collectives import run_collective
 from .host_ops import run_on_host
 from .index_checks import INDEXING, has_mask, refuse_device_indices_of_a_host_tensor
@@ -134,6 +135,10 @@ def run_data_dependent(entry, args, kwargs):
         return recorder.record_kernel(entry, args, kwargs)
     if entry.op in INDEXING and args:
         refuse_device_indices_of_a_host_tensor(entry, args[0])
+    for index, name in entry.mutated:  # an out= tensor on the host (nonzero(x, out=cpu)): CUDA's error
+        target = args[index] if index < len(args) else kwargs.get(name)
+        if isinstance(target, torch.Tensor) and target.device.type != "neuron" and describe(args[0]) is not None:
+            raise mismatch(entry, f"neuron:{current_index()}", target.device)
     return run_on_host(entry, args, kwargs, Flush.DATA_DEPENDENT)
 
 

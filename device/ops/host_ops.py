@@ -11,7 +11,7 @@ import torch
 
 from ..core.config import CONFIG
 from ..core.counters import COUNTERS
-from ..core.errors import poisoned_read_error, users_error
+from ..core.errors import poisoned_read_error, quantized_refusal, users_error
 from ..core.reasons import Flush
 from ..hardware import sink
 from ..hardware.cost_model import PROFILE, op_cost
@@ -161,6 +161,8 @@ def _upload_one(entry, value, args, kwargs, position):
         return target
     if value.layout == torch.sparse_coo:
         return _upload_sparse(entry, value)
+    if value.is_quantized:
+        raise users_error(quantized_refusal(entry.name))
     if value.layout != torch.strided:
         raise users_error(NotImplementedError(f"{entry.name} returned a {value.layout} tensor; sparse layouts are not supported on the neuron device"))
     value = value.clone() if value._is_view() or value.storage_offset() else value

@@ -165,6 +165,20 @@ META_OVERRIDES[_aten.masked_scatter_.default] = masked_scatter_checked
 # meta kernel's has shape (1,)
 META_OVERRIDES[_aten.multilabel_margin_loss_forward.default] = probe_on_cpu
 META_OVERRIDES[_aten.binomial.default] = _like_first_input
+
+
+def _unbatched_pool3d(op, meta_args, meta_kwargs):
+    """An unbatched input (C, D, H, W) laid out channels-last-3d: the CPU's kernel gives
+    its outputs that layout (strides (1, ...)), the meta kernel contiguous ones (it asks
+    ``suggest_memory_format`` of a 4-d tensor, which knows only the 2-d channels-last);
+    the CPU probe gives the CPU's. Batched inputs keep the meta kernel."""
+    if meta_args[0].dim() == 4 and not meta_args[0].is_contiguous():
+        return probe_on_cpu(op, meta_args, meta_kwargs)
+    return op(*meta_args, **meta_kwargs)
+
+
+META_OVERRIDES[_aten.max_pool3d_with_indices.default] = _unbatched_pool3d
+META_OVERRIDES[_aten.max_pool3d_with_indices_backward.default] = _unbatched_pool3d
 META_OVERRIDES[_aten._sample_dirichlet.default] = _like_first_input
 META_OVERRIDES[_aten.histogram.bins_tensor] = _probe_bin_edges
 META_OVERRIDES[_aten._histogramdd_from_bin_tensors.default] = _probe_bin_edges

@@ -37,8 +37,12 @@ from .device_guard import DeviceMismatchError, mismatch
 from .host_ops import run_on_host, run_random_on_host_with_device_generator
 from .index_checks import INDEXING, NeedsTheData, refuse_device_indices_of_a_host_tensor
 from .rng import GENERATOR, generator_twin
-from .shapes import NO_META, RESIZED_WARNING, SHAPE_CACHE, SHAPE_CACHE_SIZE, MetaRejected, infer
-from .views import set_metadata
+from ..core.errors import users_error
+from .shapes import (
+    NO_META, RESIZED_WARNING, SHAPE_CACHE, SHAPE_CACHE_SIZE, Inference, MetaRejected, Refused, TrialRefused, infer,
+)
+from .op_table import op_entry
+from .views import deterministic_fill_value, set_metadata
 
 aten = torch.ops.aten
 CPU = torch.device("cpu")
@@ -213,6 +217,8 @@ def record_kernel(entry, args, kwargs):
     if inference is None:
         try:
             inference = infer(entry, args, kwargs or {}, _is_device)
+        except TrialRefused as refused:  # the CPU kernel refused a trial: the CPU decides on the data
+            return _decided_on_the_host(entry, signature, args, kwargs or {}, refused)
         except MetaRejected:
             return run_on_host(entry, args, kwargs or {}, Flush.META_REJECTED)
         except NeedsTheData:  # a mask's count decides: a data-dependent op
@@ -224,8 +230,10 @@ def record_kernel(entry, args, kwargs):
             SHAPE_CACHE.popitem(last=False)  # the least recently used signature
     else:
         SHAPE_CACHE.move_to_end(signature)
-    if inference is NO_META:
-        return run_on_host(entry, args, kwargs or {}, Flush.FALLBACK)
+    if inference.__class__ is not Inference:
+        if inference is NO_META:
+            return run_on_host(entry, args, kwargs or {}, Flush.FALLBACK)
+        raise users_error(inference.error())  # a Refused signature: the CPU's error, at the call
     if inference.warnings:
         _forward_warnings(inference.warnings)
     if inference.resized:
@@ -257,6 +265,32 @@ def record_kernel(entry, args, kwargs):
         profiler_issued(record)
     sink._sink.record(record)
     return _build_return(entry, inference.structure, outputs, args, kwargs)
+
+
+def _decided_on_the_host(entry, signature, args, kwargs, refused):
+    """A signature the meta kernel accepted and the CPU kernel refused on trial values
+    (``shapes.trial_at_the_shapes``): the call runs on the host, on its data. If the CPU
+    raises the trial's error there too, and the trial's ones and zeros were refused
+    alike (``refused.host_visible``), no value decides it: the signature is cached as
+    :class:`~.shapes.Refused`, and each later call raises that error at once. If the CPU
+    accepts the data, the trial's values were refused (a data check): the signature is
+    cached with its metadata and later calls run on the device, where a failure is
+    deferred, as on CUDA."""
+    try:
+        result = run_on_host(entry, args, kwargs, Flush.META_REJECTED)
+    except Exception as error:
+        if refused.host_visible and type(error) is type(refused.error) and str(error) == str(refused.error):
+            _cache(signature, Refused(error))
+        raise
+    refused.inference.signature = signature
+    _cache(signature, refused.inference)
+    return result
+
+
+def _cache(signature, value) -> None:
+    SHAPE_CACHE[signature] = value
+    if len(SHAPE_CACHE) > SHAPE_CACHE_SIZE:
+        SHAPE_CACHE.popitem(last=False)  # the least recently used signature
 
 
 def _draws(entry, args, kwargs) -> bool:
@@ -369,4 +403,8 @@ def allocate(entry, args, kwargs):
     shape, stride = tuple(meta.shape), tuple(meta.stride())
     nbytes = storage_nbytes(shape, stride, meta.element_size())
     # no bytes yet: the first kernel writing it makes them (an upload's copy), or a read
-    return device_tensor(shape, stride, meta.dtype, DeviceStorage(shape, stride, meta.dtype, nbytes), nbytes)
+    tensor = device_tensor(shape, stride, meta.dtype, DeviceStorage(shape, stride, meta.dtype, nbytes), nbytes)
+    fill = deterministic_fill_value(meta.dtype)
+    if fill is not None:  # deterministic mode: NaN or the largest value, as ATen's empty writes
+        record_kernel(op_entry(aten.fill_.Scalar), (tensor, fill), {})
+    return tensor

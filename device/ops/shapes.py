@@ -23,6 +23,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import _C as _native
+from ..core.errors import QUANTIZED_DTYPES, quantized_refusal, users_error
 from ..hardware import cost_model
 from ..memory.storage import storage_nbytes
 from .cpu_warnings import RESIZED_WARNING, CpuWarned, warnings_of_call
@@ -84,7 +85,148 @@ class Inference:
         self.resize_warns = resize_warns
 
 
-_INDEX_ARGUMENTS = {"index", "indices"}
+# Tensor arguments whose values are positions (an index, a bag's offsets, a class
+# target): a trial fills them with 0, which is in range of any non-empty dimension.
+_INDEX_ARGUMENTS = {"index", "indices", "offsets", "target"}
+
+# The most bytes a full-shape trial (:func:`trial_at_the_shapes`) allocates; above it the
+# CPU is not asked, and an error of the kernel stays deferred to the next sync point. An
+# assumption: the trial runs once per signature, only after the one-element trial failed,
+# and this bounds its host memory and time (64 MiB of ones: about 10 ms to fill).
+FULL_TRIAL_BYTES = 8 << 20
+
+# Ops the CPU's trial skips: backward kernels, which trust what their forward saved
+# (``_ctc_loss_backward`` indexes its ``log_alpha`` by the lengths: fed trial values it
+# reads and writes out of bounds), and random ops (the trial would draw from the CPU's
+# generator). Autograd gives a backward kernel the arguments its forward checked.
+def tried_on_cpu(entry) -> bool:
+    name = entry.name
+    return (entry.kind == "kernel" and not entry.checked_on_cpu and not entry.random
+            and name.startswith("aten::") and "backward" not in name)
+
+
+def _validates_its_arguments(name: str) -> bool:
+    """Whether the CPU kernel of ``name`` checks its arguments against each other, so a
+    trial on one-element tensors (whatever the sizes its int arguments give) is refused
+    rather than read out of bounds: public ATen ops, which users call directly. Private
+    ops (``_embedding_bag``) and library kernels (``mkldnn_rnn_layer`` sizes its buffers
+    from ``hidden_size``) are tried at their arguments' own shapes only."""
+    base = name.partition("::")[2]
+    return not base.startswith(("_", "mkldnn", "miopen", "cudnn", "fbgemm", "quantized"))
+
+
+class TrialRefused(MetaRejected):
+    """The meta kernel accepted the arguments, but the CPU kernel refused the trial at
+    the arguments' own shapes, dtypes, strides and scalars (filled with ones; positions
+    with 0): the dispatcher runs this call on the host, on its data, so the CPU decides
+    (``recorder._decided_on_the_host``). ``inference`` is the signature's metadata, cached
+    when the CPU accepts the real data (the trial's values were refused, not the
+    signature). ``host_visible``: a fill of zeros is refused with the same type and
+    message, so no value decides the refusal; the signature is then cached as raising
+    (:class:`Refused`) if the host run raises that same error too."""
+
+    def __init__(self, error: BaseException, inference, host_visible: bool) -> None:
+        super().__init__(error)
+        self.inference = inference
+        self.host_visible = host_visible
+
+
+class Refused:
+    """A signature the CPU refuses whatever the data (shape-cache value): each call with
+    it raises the CPU's error at the call, without running anything. Kept: the error's
+    type and message, checked equal across a trial of ones, one of zeros and the user's
+    own data (:class:`TrialRefused`)."""
+
+    __slots__ = ("kind", "args", "signature_id")
+
+    def __init__(self, error: BaseException) -> None:
+        self.kind = type(error)
+        self.args = error.args
+        self.signature_id = 0
+
+    def error(self) -> BaseException:
+        return self.kind(*self.args)
+
+    @staticmethod
+    def keeps(error: BaseException) -> bool:
+        """Can the error be made again from its type and arguments, reading the same?"""
+        try:
+            again = type(error)(*error.args)
+        except Exception:  # noqa: BLE001 - an exception type with another constructor
+            return False
+        return type(again) is type(error) and str(again) == str(error)
+
+
+def _same_error(one: BaseException, other: BaseException) -> bool:
+    return type(one) is type(other) and str(one) == str(other)
+
+
+def _trial_value(value, name, fill, shaped):
+    """A CPU stand-in for one argument of a trial: tensors of the argument's dtype, of one
+    element per dimension (``shaped`` False) or of its own shape and strides, filled with
+    ``fill`` (0 for positions); a device is the CPU."""
+    if isinstance(value, torch.Tensor):
+        value_fill = 0 if name in _INDEX_ARGUMENTS else fill
+        if not shaped:
+            return torch.full((1,) * value.dim(), value_fill, dtype=value.dtype)
+        extent = 1 + sum((size - 1) * stride for size, stride in zip(value.shape, value.stride()) if size > 0)
+        extent = 0 if value.numel() == 0 else extent
+        return torch.full((extent,), value_fill, dtype=value.dtype).as_strided(value.shape, value.stride())
+    if isinstance(value, (list, tuple)):
+        return type(value)(_trial_value(v, name, fill, shaped) for v in value)
+    if isinstance(value, torch.device):
+        return torch.device("cpu")
+    return value
+
+
+def _trial_bytes(values) -> int:
+    total = 0
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            total += value.numel() * value.element_size()
+        elif isinstance(value, (list, tuple)):
+            total += _trial_bytes(value)
+    return total
+
+
+def _trial(entry, meta_args, meta_kwargs, fill, shaped):
+    """The CPU's error for a trial of the op (None if it accepts), its warnings ignored."""
+    names = [argument.name for argument in entry.op._schema.arguments]
+    args = [_trial_value(value, name, fill, shaped) for value, name in zip(meta_args, names)]
+    kwargs = {k: _trial_value(v, k, fill, shaped) for k, v in meta_kwargs.items()}
+    try:
+        warnings_of_call(entry.op, *args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - the CPU's verdict on the trial
+        return error
+    return None
+
+
+def trial_at_the_shapes(entry, args, kwargs, inference) -> None:
+    """The CPU kernel's own checks for a signature the meta kernel accepted: what a meta
+    kernel does not check (a dtype the kernel has no implementation for, ``out=``
+    dtypes, arguments checked inside the kernel) raises at the call, as on the CPU and
+    CUDA, rather than on the device's worker at the next sync point.
+
+    First a trial on one-element CPU tensors of the arguments' dtypes (microseconds),
+    for ops that validate their arguments (:func:`_validates_its_arguments`). Such
+    tensors are not valid inputs of every op (a 3x3 pooling window, a layer norm over
+    768 features), so when the CPU refuses that trial, or for the other ops, it is tried
+    at the arguments' own shapes and strides (up to :data:`FULL_TRIAL_BYTES`), filled
+    with ones and then with zeros. A refusal there raises :class:`TrialRefused`: the
+    call runs on the host, on the user's data, and the CPU decides. Which ops are tried:
+    :func:`tried_on_cpu`."""
+    meta_args = to_meta(args)
+    meta_kwargs = {k: to_meta(v) for k, v in kwargs.items()}
+    if _validates_its_arguments(entry.name) and _trial(entry, meta_args, meta_kwargs, 1, shaped=False) is None:
+        return
+    if _trial_bytes(list(meta_args) + list(meta_kwargs.values())) > FULL_TRIAL_BYTES:
+        return
+    error = _trial(entry, meta_args, meta_kwargs, 1, shaped=True)
+    if error is None:
+        return
+    with_zeros = _trial(entry, meta_args, meta_kwargs, 0, shaped=True)
+    host_visible = with_zeros is not None and _same_error(error, with_zeros) and Refused.keeps(error)
+    raise TrialRefused(error, inference, host_visible)
 
 
 def check_on_cpu(entry, meta_args, meta_kwargs) -> tuple:
@@ -185,6 +327,9 @@ def infer(entry, args, kwargs, is_device=lambda value: False) -> Inference | str
         structure, values = ("list" if isinstance(result, list) else "tuple"), tuple(result)
     else:  # a host value: not an op the device can queue
         return NO_META
+    if any(v is not None and (v.is_quantized or v.dtype in QUANTIZED_DTYPES) for v in values) or any(
+            isinstance(v, torch.dtype) and v in QUANTIZED_DTYPES for v in itertools.chain(meta_args, meta_kwargs.values())):
+        raise users_error(quantized_refusal(entry.name))  # quantize_per_tensor: no quantized kernels here
     if any(v is not None and v.layout != torch.strided for v in values):
         return NO_META  # a sparse result (``to_sparse``): the CPU makes it (device/ops/sparse.py)
     aliases = entry.return_alias if structure == "tuple" else entry.return_alias * len(values)
@@ -217,7 +362,10 @@ def infer(entry, args, kwargs, is_device=lambda value: False) -> Inference | str
         write_bytes=_device_tensor_bytes(mutated_values, is_device),
         result_bytes=[0 if spec is None else _numel(spec.shape) * spec.dtype.itemsize for spec in outputs],
     )
-    return Inference(outputs, structure, cost, tuple(resized), given, resize_warns)
+    inference = Inference(outputs, structure, cost, tuple(resized), given, resize_warns)
+    if tried_on_cpu(entry):
+        trial_at_the_shapes(entry, args, kwargs, inference)  # raises TrialRefused
+    return inference
 
 
 def _strides_as_the_cpu_resizes(op, args, kwargs, resized):

@@ -46,6 +46,18 @@ def set_metadata(tensor: torch.Tensor, untyped_storage, offset: int, shape, stri
     _set_storage.redispatch(_CPU_KEYS, tensor, untyped_storage, offset, list(shape), list(stride))
 
 
+def deterministic_fill_value(dtype):
+    """What ATen writes into fresh memory under ``torch.use_deterministic_algorithms(True)``
+    with ``torch.utils.deterministic.fill_uninitialized_memory`` (its default): NaN for
+    floating and complex dtypes, the largest value for the others (``True`` for bool;
+    ATen's ``fill_empty_deterministic_``); None when that mode is off."""
+    if not torch.are_deterministic_algorithms_enabled() or not torch.utils.deterministic.fill_uninitialized_memory:
+        return None
+    if dtype.is_floating_point or dtype.is_complex:
+        return float("nan")
+    return True if dtype == torch.bool else torch.iinfo(dtype).max
+
+
 def _grow(tensor: torch.Tensor, nbytes: int) -> None:
     """Make ``tensor``'s storage at least ``nbytes`` long, keeping its bytes (as ATen grows
     a storage in ``resize_``)."""
@@ -55,8 +67,15 @@ def _grow(tensor: torch.Tensor, nbytes: int) -> None:
     if not untyped.resizable():  # a storage view (storage[a:b]): the CPU's error
         raise users_error(RuntimeError("Trying to resize storage that is not resizable"))
     sink.synchronize(Flush.RESIZE)
-    storage_of(tensor).resize_bytes(nbytes)
+    old_nbytes = untyped.nbytes()
+    storage = storage_of(tensor)
+    storage.resize_bytes(nbytes)
     _native.regrow(tensor, nbytes)
+    fill = deterministic_fill_value(tensor.dtype)
+    if fill is not None:  # the grown part, in the tensor's dtype (ATen's fill_resize_deterministic_)
+        size = tensor.element_size()
+        elements = storage.data[: nbytes // size * size].view(tensor.dtype)
+        elements[old_nbytes // size:].fill_(fill)
 
 
 def run_metadata(entry, args, kwargs):

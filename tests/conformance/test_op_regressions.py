@@ -1,4 +1,7 @@
 """Ops that once went wrong on `neuron`, each checked against the CPU."""
+import contextlib
+import warnings
+
 import pytest
 import torch
 
@@ -281,3 +284,88 @@ def test_attention_with_a_mask_that_requires_grad_takes_the_cpus_math_path():
 
     result = attend(*(t.to("neuron") for t in (q, k, v, mask, grad)))
     assert_same(result, attend(q, k, v, mask, grad), **EXACT)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch._empty_affine_quantized([2, 2], scale=2, zero_point=3, dtype=torch.quint8, device="neuron"),
+    lambda: torch.empty(2, dtype=torch.qint8, device="neuron"),
+    lambda: torch.quantize_per_tensor(torch.ones(2, device="neuron"), 0.1, 0, torch.quint8),
+    lambda: torch.quantize_per_channel(torch.ones(2, 2, device="neuron"), torch.ones(2, device="neuron"),
+                                       torch.zeros(2, dtype=torch.long, device="neuron"), 0, torch.quint8),
+    lambda: torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.quint8).to("neuron"),
+], ids=["empty_affine_quantized", "empty_qint8", "quantize_per_tensor", "quantize_per_channel", "upload"])
+def test_quantized_tensors_are_refused_at_the_call(make):
+    """Issue 35: PyTorch has no quantized kernels for a PrivateUse1 device; a quantized
+    tensor on neuron is refused at the call by name (the dispatcher's message listed
+    backends; quantize_per_tensor made a float tensor and a deferred kernel failure)."""
+    with _quietly():
+        with pytest.raises(NotImplementedError, match="quantized tensors are not supported on the neuron device"):
+            make()
+    torch.neuron.synchronize()  # nothing deferred
+
+
+@contextlib.contextmanager
+def _quietly():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantize_per_tensor's deprecation warning
+        yield
+
+
+def test_unbatched_channels_last_3d_max_pool3d_has_the_cpu_layout():
+    """Issue 35 (test_max_pool3d_ndhwc): an unbatched (C, D, H, W) input laid out
+    channels-last-3d gives outputs of that layout on the CPU; the meta kernel gave
+    contiguous ones."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 6, 12, 13, 14).contiguous(memory_format=torch.channels_last_3d).squeeze(0)
+    grad = torch.randn(1, 6, 2, 2, 2).contiguous(memory_format=torch.channels_last_3d).squeeze(0)
+
+    def run(device):
+        t = x.to(device).requires_grad_()
+        out, indices = torch.nn.functional.max_pool3d(t, (5, 6, 7), return_indices=True)
+        out.backward(grad.to(device))
+        return out, indices, t.grad
+
+    for got, expected in zip(run("neuron"), run("cpu")):
+        assert got.stride() == expected.stride()
+        assert torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64, torch.int32, torch.uint8, torch.bool])
+def test_deterministic_mode_fills_uninitialized_memory_as_the_cpu(dtype):
+    """Issue 35 (test_deterministic_empty, test_deterministic_resize): under
+    torch.use_deterministic_algorithms(True) ATen fills fresh memory with NaN (floating,
+    complex) or the dtype's largest value, at the call; and a storage grown by resize_
+    in its new part only. Read after the mode is off, as the upstream tests read."""
+    from torch.testing._internal.common_utils import DeterministicGuard
+
+    def made(device):
+        with DeterministicGuard(True, fill_uninitialized_memory=True):
+            tensors = [torch.empty(10, 9, device=device, dtype=dtype),
+                       torch.empty_like(torch.zeros(10, 9, device=device, dtype=dtype)),
+                       torch.empty_strided((10, 9), (1, 5), device=device, dtype=dtype),
+                       torch.empty_permuted((2, 3, 5), (1, 0, 2), device=device, dtype=dtype)]
+            grown = torch.ones(2, 3, device=device, dtype=dtype)
+            grown.resize_(4, 5)
+            tensors.append(grown)
+        return [t.cpu() for t in tensors]
+
+    for got, expected in zip(made("neuron"), made("cpu")):
+        assert torch.equal(got.isnan(), expected.isnan()) if dtype.is_floating_point or dtype.is_complex else True
+        assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(expected)) if dtype.is_complex or dtype.is_floating_point \
+            else torch.equal(got, expected)
+
+
+def test_a_data_dependent_op_refuses_a_host_out_tensor():
+    """Issue 35: nonzero (or masked_select) of a neuron tensor into an out= tensor on the
+    CPU raises CUDA's device mismatch at the call; it wrote the host tensor. An out= of
+    the wrong dtype raises the CPU's error at the call."""
+    x = torch.tensor([0.0, 1.0, 2.0], device="neuron")
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.nonzero(x, out=torch.empty(0, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.masked_select(x, x > 0, out=torch.empty(0))
+    with pytest.raises(RuntimeError, match="Expected out tensor to have scalar type Long"):
+        torch.nonzero(x, out=torch.empty(0, device="neuron"))
+    out = torch.empty(0, dtype=torch.long, device="neuron")
+    torch.nonzero(x, out=out)
+    assert torch.equal(out.cpu(), torch.tensor([[1], [2]]))

@@ -54,8 +54,32 @@ def _conv_dtypes(device):
     return F.conv2d(torch.ones(1, 1, 3, 3, dtype=torch.float64, device=device), torch.ones(1, 1, 2, 2, device=device))
 
 
+# Issue 35: the meta kernel accepts these dtypes, the CPU kernel has no implementation
+# for them; the CPU's trial of the signature (shapes.trial_at_the_shapes) finds it.
+def _interpolate_int(device):
+    return F.interpolate(torch.ones(1, 1, 4, 4, dtype=torch.int32, device=device), scale_factor=2, mode="bilinear")
+
+
+def _interpolate_int_antialiased(device):
+    x = torch.ones(1, 1, 4, 4, dtype=torch.int32, device=device)
+    return F.interpolate(x, scale_factor=2, mode="bicubic", antialias=True)
+
+
+def _adaptive_max_pool_int(device):
+    return F.adaptive_max_pool2d(torch.ones(1, 4, 4, dtype=torch.int32, device=device), 2)
+
+
+def _max_pool_complex(device):  # a 3x3 window: the one-element trial is refused, the shaped one decides
+    return F.max_pool2d(torch.ones(1, 1, 8, 8, dtype=torch.complex64, device=device), 3)
+
+
+def _bool_matmul(device):
+    return torch.ones(2, 2, dtype=torch.bool, device=device) @ torch.ones(2, 2, dtype=torch.bool, device=device)
+
+
 CASES = [_mm_shapes, _linear_on_double, _long_matmul, _view, _cat, _broadcast, _float_index, _int32_target,
-         _conv_dtypes]
+         _conv_dtypes, _interpolate_int, _interpolate_int_antialiased, _adaptive_max_pool_int, _max_pool_complex,
+         _bool_matmul]
 
 
 def _raised(case, device):
@@ -129,3 +153,57 @@ def test_the_dtype_check_is_not_paid_by_matching_dtypes():
     got = torch.native_layer_norm(h.to("neuron"), (8,), weight.to("neuron"), bias.to("neuron"), 1e-5)
     for a, b in zip(got, expected):
         assert a.dtype == b.dtype and torch.equal(a.cpu(), b)
+
+
+_DTYPE_CASES = [_interpolate_int, _interpolate_int_antialiased, _adaptive_max_pool_int, _max_pool_complex, _bool_matmul]
+
+
+@pytest.mark.parametrize("case", _DTYPE_CASES, ids=lambda case: case.__name__.strip("_"))
+def test_a_refused_signature_raises_at_the_call_from_the_cache(case, any_mode):
+    """Issue 35: once the CPU refused a signature whatever the data (its trial's ones and
+    zeros and the user's data alike), a call with it raises the CPU's error at once from
+    the shape cache: no host run (no fallback op, no sync point), nothing deferred."""
+    import adaptive_eager
+
+    from adaptive_eager_device.ops import recorder
+
+    recorder.SHAPE_CACHE.clear()
+    cpu = _raised(case, "cpu")
+    first = _raised(case, "neuron")  # a miss: the trial, then the host run decides
+    assert type(first) is type(cpu) and str(first) == str(cpu)
+    torch.neuron.synchronize()
+    adaptive_eager.reset_stats()
+    with pytest.raises(type(cpu)) as caught:
+        case("neuron")
+    assert str(caught.value) == str(cpu)
+    stats = adaptive_eager.stats()
+    assert stats["fallback_ops"] == {} and stats["sync_points"] == {}, stats
+    torch.neuron.synchronize()  # nothing was deferred
+
+
+def test_a_refusal_the_data_decides_is_not_cached(any_mode):
+    """A trial the CPU refuses for its values (a searchsorted ``sorter`` of ones into a
+    one-element sequence) but accepts filled with zeros: the data decide. A bad call
+    raises the CPU's error at the call (it ran on the host); the same signature with
+    good data then computes, and later calls run on the device (no more fallbacks); a
+    bad one there is a device error, deferred to the sync point, as an index is."""
+    import adaptive_eager
+
+    from adaptive_eager import NeuronRuntimeError
+    from adaptive_eager_device.ops import recorder
+
+    recorder.SHAPE_CACHE.clear()
+    seq, values = torch.tensor([[3.0]]), torch.tensor([[1.0, 5.0]])
+    bad, good = torch.tensor([[5]]), torch.tensor([[0]])
+    with pytest.raises(RuntimeError, match="sorter index out of range"):
+        torch.searchsorted(seq.to("neuron"), values.to("neuron"), sorter=bad.to("neuron"))
+    expected = torch.searchsorted(seq, values, sorter=good)
+    assert torch.equal(torch.searchsorted(seq.to("neuron"), values.to("neuron"), sorter=good.to("neuron")).cpu(),
+                       expected)
+    adaptive_eager.reset_stats()
+    assert torch.equal(torch.searchsorted(seq.to("neuron"), values.to("neuron"), sorter=good.to("neuron")).cpu(),
+                       expected)
+    assert adaptive_eager.stats()["fallback_ops"] == {}
+    torch.searchsorted(seq.to("neuron"), values.to("neuron"), sorter=bad.to("neuron"))  # no error at the call
+    with pytest.raises(NeuronRuntimeError):
+        torch.neuron.synchronize()
