@@ -132,6 +132,7 @@ class ExecutionQueue:
         self.last_on_stream: dict[int, int] = {}  # stream id -> sequence of its last item
         # Doorbell batching: submitted items wait in ``_batch`` until the host rings.
         self._batch: list = []
+        self._drained_through = 0  # the last fence the host waited on (completed)
         self._batch_bytes = 0
         self._batch_ops = 0
         self.batch_items = 1024
@@ -325,8 +326,10 @@ class ExecutionQueue:
 
     @property
     def completed(self) -> int:
-        """Items the worker finished (device side)."""
-        return self._worker.completed
+        """Items the worker finished (device side). A fence the host waited on counts at
+        once: it signals the host before the worker counts it finished."""
+        done = self._worker.completed
+        return done if done > self._drained_through else self._drained_through
 
     @property
     def poison_seen(self) -> bool:
@@ -355,10 +358,12 @@ class ExecutionQueue:
                 self._worker.release()
                 return
             fence = Fence()
-            self.submit(fence)
+            sequence = self.submit(fence)
             self.ring()
         fence.event.wait()
         with HOST_LOCK:
+            if sequence > self._drained_through:
+                self._drained_through = sequence  # everything through the fence has run
             self._worker.release()
 
     def wait(self) -> None:

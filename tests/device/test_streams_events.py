@@ -88,3 +88,14 @@ def test_elapsed_time_requires_timing_events():
     b.record()
     with pytest.raises(RuntimeError, match="enable_timing=True"):
         a.elapsed_time(b)
+
+
+def test_after_a_synchronize_the_stream_is_done_at_once(any_mode):
+    """A fence signals the host before the worker counts it finished: query() right after
+    a sync point must not see the fence as pending (a race; provoked by repetition)."""
+    x = torch.ones(4, device="neuron")
+    stream = torch.neuron.current_stream()
+    for _ in range(2000):
+        x = x + 1
+        torch.neuron.synchronize()
+        assert stream.query()
