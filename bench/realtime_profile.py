@@ -26,7 +26,6 @@ import os
 import signal
 import statistics
 import sys
-import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,12 +38,17 @@ from bench import realtime  # noqa: E402
 
 
 def _worker_thread():
-    return next((t for t in threading.enumerate() if t.name == "neuron-device-worker"), None)
+    """The device worker (a C++ thread: ``Worker.cpu_seconds`` reads its CPU clock), or
+    None on the CPU."""
+    try:
+        from adaptive_eager_device.hardware.execution_queue import QUEUE
+    except ImportError:
+        return None
+    return QUEUE._worker
 
 
-def _thread_cpu(thread) -> float:
-    if thread is None or thread.ident is None:
-        return 0.0
+def _thread_cpu(worker) -> float:
+    return 0.0 if worker is None else worker.cpu_seconds()
     try:
         return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
     except OSError:  # ended
