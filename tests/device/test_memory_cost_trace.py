@@ -236,12 +236,14 @@ def test_each_kind_of_op_runs_on_its_engine():
 
 
 def test_bf16_runs_at_four_times_the_fp32_rate(strict_mode):
+    # 1024: TensorE-bound in both dtypes (bf16: 13.7 us of TensorE against 8.7 us of DMA),
+    # and a CPU bf16 matmul 8x cheaper than at 2048
     for dtype, factor in ((torch.float32, 4), (torch.bfloat16, 1)):
-        a = torch.ones(2048, 2048, dtype=dtype, device="neuron")
+        a = torch.ones(1024, 1024, dtype=dtype, device="neuron")
         torch.neuron.synchronize()
         adaptive_eager.reset_stats()
         (a @ a).sum().item()
-        expected = 10.0 + factor * matmul_cycles(2048, 2048, 2048) / 2 / TENSOR_HZ * 1e6
+        expected = 10.0 + factor * matmul_cycles(1024, 1024, 1024) / 2 / TENSOR_HZ * 1e6
         assert kernel_times()["aten::mm"] == round(expected, 3)
 
 
