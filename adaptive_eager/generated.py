@@ -42,6 +42,7 @@ import threading
 import torch
 
 from adaptive_eager_device.core.config import CONFIG
+from adaptive_eager_device.dynamo import BACKGROUND_TRACERS
 from adaptive_eager_device.hardware.execution_queue import QUEUE
 from adaptive_eager_device.memory.storage import DeviceStorage
 
@@ -62,10 +63,13 @@ class _Job:
     """One plan's fused kernels to compile; ``kernels`` is set when done: {launch index:
     (callable, input slots, result slots, written input slots)}."""
 
-    __slots__ = ("records", "launches", "layouts", "kernels")
+    __slots__ = ("records", "launches", "layouts", "threads", "kernels")
 
     def __init__(self, records, launches, layouts) -> None:
         self.records, self.launches, self.layouts = records, launches, layouts
+        # the host's intra-op threads, which the worker runs kernels with: the generated
+        # code's OpenMP regions are sized at compile time (Inductor's cpp.threads)
+        self.threads = torch.get_num_threads()
         self.kernels = None
 
 
@@ -121,11 +125,18 @@ def _compile_forever() -> None:
     global _PENDING
     while True:
         job = _JOBS.get()
+        # FX tracing (make_fx here, Inductor's passes) sets a process-wide flag that makes
+        # every Dynamo-compiled function called meanwhile, on any thread, raise ("FX to
+        # symbolically trace a dynamo-optimized function"): device/dynamo.py makes the
+        # flag this thread's alone while it compiles.
+        BACKGROUND_TRACERS.add(threading.get_ident())
         try:
             job.kernels = _compile_plan(job)
         except Exception:  # noqa: BLE001 - never the user's error: the ops' steps run
             LOG.debug("compiling a plan's kernels failed", exc_info=True)
             job.kernels = {}
+        finally:
+            BACKGROUND_TRACERS.discard(threading.get_ident())
         with _IDLE:
             _PENDING -= 1
             _COUNTS["plans_ready"] += 1
@@ -138,7 +149,7 @@ def _compile_plan(job) -> dict:
         if spec is None:
             continue
         try:
-            kernel = _compile_kernel([job.records[index] for index in members], spec, job.layouts)
+            kernel = _compile_kernel([job.records[index] for index in members], spec, job.layouts, job.threads)
         except Exception:  # noqa: BLE001
             LOG.debug("fused kernel %s: not generated", spec.name, exc_info=True)
             kernel = None
@@ -166,7 +177,7 @@ def _slots_in(value, found: list) -> None:
             _slots_in(item, found)
 
 
-def _compile_kernel(templates, spec, layouts):
+def _compile_kernel(templates, spec, layouts, threads: int):
     """One fused kernel's ops (record templates, storages as slots) as a generated kernel:
     ``(callable, inputs, results, written)``, or None when it cannot be."""
     if not all(_eligible(t.op) for t in templates):
@@ -238,13 +249,16 @@ def _compile_kernel(templates, spec, layouts):
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+    fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
     with torch.no_grad(), torch.autocast("cpu", enabled=False):
         with fake_mode:
             fakes = [torch.empty_strided(layouts[n][0], layouts[n][1], dtype=layouts[n][2]) for n in inputs]
             gm = make_fx(torch.func.functionalize(body, remove="mutations_and_views"),
                          decomposition_table=select_decomp_table())(*fakes)
-        with torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
+        from torch._inductor import config as inductor_config
+
+        with torch._guards.tracing(torch._guards.TracingContext(fake_mode)), \
+                inductor_config.patch({"cpp.threads": threads}):
             compiled = compile_fx_inner(gm, fakes)
     return _Kernel(compiled), tuple(inputs), tuple(outputs), tuple(written)
 
