@@ -144,12 +144,19 @@ def _compile_forever() -> None:
 
 
 def _compile_plan(job) -> dict:
+    # Dynamo, AOTAutograd and Inductor keep process-wide state while they trace (functorch's
+    # levels, the FX tracing flag, the speculation log): a compile here while the program's
+    # own torch.compile traces on its thread broke both. Dynamo's compile lock, held per
+    # kernel, serializes them: the program's compiles wait at most one kernel's compile.
+    from torch._dynamo.convert_frame import compile_lock
+
     kernels = {}
     for launch, (members, spec) in enumerate(job.launches):
         if spec is None:
             continue
         try:
-            kernel = _compile_kernel([job.records[index] for index in members], spec, job.layouts, job.threads)
+            with compile_lock:
+                kernel = _compile_kernel([job.records[index] for index in members], spec, job.layouts, job.threads)
         except Exception:  # noqa: BLE001
             LOG.debug("fused kernel %s: not generated", spec.name, exc_info=True)
             kernel = None
@@ -253,14 +260,38 @@ def _compile_kernel(templates, spec, layouts, threads: int):
     with torch.no_grad(), torch.autocast("cpu", enabled=False):
         with fake_mode:
             fakes = [torch.empty_strided(layouts[n][0], layouts[n][1], dtype=layouts[n][2]) for n in inputs]
-            gm = make_fx(torch.func.functionalize(body, remove="mutations_and_views"),
-                         decomposition_table=select_decomp_table())(*fakes)
+            written_at = [inputs.index(n) for n in written]
+            gm = make_fx(_functionalized(body, written_at), decomposition_table=select_decomp_table())(*fakes)
         from torch._inductor import config as inductor_config
 
         with torch._guards.tracing(torch._guards.TracingContext(fake_mode)), \
                 inductor_config.patch({"cpp.threads": threads}):
             compiled = compile_fx_inner(gm, fakes)
     return _Kernel(compiled), tuple(inputs), tuple(outputs), tuple(written)
+
+
+def _functionalized(body, written_at):
+    """``body`` without mutations or views (FunctionalTensorMode, a dispatch mode, as
+    AOTAutograd functionalizes: torch.func.functionalize's functorch levels are not safe
+    beside a program's own torch.compile on another thread), its written inputs copied
+    back at the end (the graph's ``copy_``, as AOTAutograd's inference graphs have)."""
+    from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+
+    def unwrap(value):
+        torch._sync(value)
+        return torch._from_functional_tensor(value.elem)
+
+    def run(*args):
+        exclude = torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize))
+        with exclude, FunctionalTensorMode():
+            wrapped = [FunctionalTensor.to_functional(value) for value in args]
+            outputs = [unwrap(value) for value in body(*wrapped)]
+            updates = [unwrap(wrapped[i]) for i in written_at]
+        for i, value in zip(written_at, updates):
+            args[i].copy_(value)
+        return tuple(outputs)
+
+    return run
 
 
 class _NotGenerated(Exception):
