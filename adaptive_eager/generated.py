@@ -35,6 +35,7 @@ custom NKI kernels, the device's own ``neuron::`` ops) keep their kernel out too
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import queue as _queue
 import threading
@@ -57,6 +58,17 @@ _THREAD = None
 _LOCK = threading.Lock()
 _PENDING = 0
 _IDLE = threading.Condition(_LOCK)
+_BUSY = [False]  # a kernel is being compiled
+_STOPPING = [False]  # the interpreter exits: compile nothing more
+
+
+@atexit.register
+def _at_exit() -> None:
+    """The interpreter exits: no kernel starts compiling, and the one compiling finishes
+    first (a daemon thread stopped inside Inductor's C++ aborts the process)."""
+    _STOPPING[0] = True
+    with _IDLE:
+        _IDLE.wait_for(lambda: not _BUSY[0])
 
 
 class _Job:
@@ -154,12 +166,20 @@ def _compile_plan(job) -> dict:
     for launch, (members, spec) in enumerate(job.launches):
         if spec is None:
             continue
+        with _IDLE:
+            if _STOPPING[0]:
+                break
+            _BUSY[0] = True
         try:
             with compile_lock:
                 kernel = _compile_kernel([job.records[index] for index in members], spec, job.layouts, job.threads)
         except Exception:  # noqa: BLE001
             LOG.debug("fused kernel %s: not generated", spec.name, exc_info=True)
             kernel = None
+        finally:
+            with _IDLE:
+                _BUSY[0] = False
+                _IDLE.notify_all()
         if kernel is None:
             _COUNTS["kernels_refused"] += 1
         else:
