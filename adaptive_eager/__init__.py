@@ -54,6 +54,15 @@ def inject_fault(op_name: str, nth: int = 1) -> None:
     QUEUE.inject_fault(op_name, nth)
 
 
+def wait_for_generated_kernels(timeout: float | None = None) -> bool:
+    """Compiled mode: wait until the fused kernels being generated in the background
+    (Inductor's CPU code, ``NEURON_COMPILED_INDUCTOR``) are compiled; False on a timeout.
+    Their next calls run them. Benches and tests use it; programs need not."""
+    from .generated import wait
+
+    return wait(timeout)
+
+
 def clear_faults() -> None:
     from adaptive_eager_device.hardware.execution_queue import QUEUE
 
@@ -62,7 +71,7 @@ def clear_faults() -> None:
 
 __all__ = [
     "NeuronRuntimeError", "PoisonedTensorError", "clear_caches", "clear_faults", "disable", "enable", "inject_fault",
-    "is_enabled", "mode", "reset_stats", "stats", "synchronize", "window_policy",
+    "is_enabled", "mode", "reset_stats", "stats", "synchronize", "wait_for_generated_kernels", "window_policy",
 ]
 
 # Seeing what happened (issue 6): PyTorch/XLA-style metrics, and the silent-by-default

@@ -215,7 +215,7 @@ class GraphRunner:
                 def native_launch(plan):
                     """One native call of the template's program (its records made only if the
                     worker hands it back), issued as the per-op path would have issued it."""
-                    program = template.program(plan)
+                    program = template.program(plan, table)
                     if program is None:
                         return None
                     stream = _STREAMS.current

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import torch
 
+from adaptive_eager_device.core.config import CONFIG
 from adaptive_eager_device.core.counters import COUNTERS
 from adaptive_eager_device.hardware.execution_queue import QUEUE
 from adaptive_eager_device.hardware.profiler import PROFILER
@@ -52,6 +53,7 @@ from adaptive_eager_device import _C as _native
 from adaptive_eager_device.hardware.fused_kernel import WindowLaunches, add_launches
 from adaptive_eager_device.hardware.plan import library_kernels_off
 
+from . import generated
 from .replay_records import NotReplayable, RecordTemplate, Slot
 from .window import structure_key
 
@@ -123,7 +125,7 @@ class Template:
     (module docstring)."""
 
     __slots__ = ("slots", "records", "outputs", "ops", "table", "inputs", "hosts", "fresh", "layouts", "total",
-                 "skeleton", "written", "programs")
+                 "skeleton", "written", "programs", "jobs")
 
     def __init__(self, recording: Recording, outputs, args_after, gm) -> None:
         records = recording.records
@@ -187,6 +189,7 @@ class Template:
         self._plan_binding()
         self._plan_structure()
         self.programs: dict = {}  # Plan -> (native program, library kernels off), or None
+        self.jobs: dict = {}  # Plan -> its fused kernels being generated (generated.py)
 
     def _plan_binding(self) -> None:
         """What ``bind`` does at every call, sorted once: the constants' table (one entry
@@ -273,24 +276,40 @@ class Template:
                     outputs.append(torch.as_strided(base, shape, stride, offset))
         return outputs
 
-    def program(self, plan):
+    def program(self, plan, table=None):
         """``(program, off)``: this template's ops as one native program for ``plan`` (its
         storages the template's slots, bound to each call's: ``_C.bind``) and the library
         kernels its constants turn off, built once per plan; None when an argument is one
-        the native path does not resolve."""
+        the native path does not resolve. The first build asks for the plan's fused kernels
+        as generated code (``generated.py``, compiled in the background from the slots'
+        layouts in this call's ``table``); once they are compiled, the program is built
+        again with them."""
         found = self.programs.get(plan, False)
         if found is False:
-            records = self.records
-            off = library_kernels_off(plan, [_Constants(template) for template in records]) if plan.library else frozenset()
-            builder = _native.ProgramBuilder()
-            builder.numbered(len(self.table))
-            try:
-                add_launches(builder, plan.launches, records, off, _template_parts)
-                found = (builder.build()[0], off)
-            except _native.NotNative:
-                found = None
+            found = self._build(plan, None)
             self.programs[plan] = found
+            if found is not None and table is not None:
+                job = generated.request(self.records, plan, table)
+                if job is not None:
+                    self.jobs[plan] = job
+        elif self.jobs:
+            job = self.jobs.get(plan)
+            if job is not None and job.kernels is not None:
+                del self.jobs[plan]
+                if job.kernels and CONFIG.compiled_inductor:
+                    found = self.programs[plan] = self._build(plan, job.kernels)
         return found
+
+    def _build(self, plan, kernels):
+        records = self.records
+        off = library_kernels_off(plan, [_Constants(template) for template in records]) if plan.library else frozenset()
+        builder = _native.ProgramBuilder()
+        builder.numbered(len(self.table))
+        try:
+            add_launches(builder, plan.launches, records, off, _template_parts, kernels)
+            return (builder.build()[0], off)
+        except _native.NotNative:
+            return None
 
     def issue(self, table) -> list:
         """Copies of the records over the call's storages, issued now."""

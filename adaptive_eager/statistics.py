@@ -20,6 +20,8 @@ from adaptive_eager_device.core.reasons import Flush
 from adaptive_eager_device.memory.storage import MEMORY
 from adaptive_eager_device.hardware.sink import current_sink, flush
 
+from . import generated
+
 STATS_VERSION = 1
 
 
@@ -85,6 +87,7 @@ class CompiledCounters:
             "replays": sum(g["replays"] for g in graphs),
             "replayed_ops": sum(g["replayed_ops"] for g in graphs),
             "replay_fallbacks": dict(sum((Counter(g["replay_fallbacks"]) for g in graphs), Counter())),
+            "generated_kernels": generated.counts(),
             "graphs": {str(k): dict(v, **{name: cache.stats() for name, cache in self.caches[k].items()})
                        for k, v in self.graphs.items()},
         }
@@ -183,6 +186,7 @@ def reset_stats() -> None:
             cache.reset_counters()
     COMPILED.captures = 0
     COMPILED.recompiles.clear()
+    generated.reset_counts()
     for cache in caches.values():
         cache.reset_counters()
     MEMORY.peak = MEMORY.allocated

@@ -69,6 +69,29 @@ def _skip_our_code() -> None:
 
 _SKIPPED: list = []
 
+# Threads compiling kernels in the background (adaptive_eager/generated.py: Inductor's CPU
+# code for compiled mode's fused kernels). FX tracing sets a process-wide flag
+# (torch.fx._symbolic_trace._is_fx_tracing_flag) that Dynamo reads on every call of a
+# compiled function, on any thread, to refuse "FX tracing a dynamo-optimized function";
+# while such a thread traces, the flag is its own, not the program's.
+BACKGROUND_TRACERS: set = set()
+
+
+def _thread_aware_fx_flag() -> None:
+    symbolic = torch.fx._symbolic_trace
+    original = symbolic.is_fx_symbolic_tracing
+    if getattr(original, "_neuron_thread_aware", False):
+        return
+
+    @functools.wraps(original)
+    def is_fx_symbolic_tracing() -> bool:
+        if BACKGROUND_TRACERS and threading.get_ident() not in BACKGROUND_TRACERS:
+            return False  # (the flag is a background compile's)
+        return original()
+
+    is_fx_symbolic_tracing._neuron_thread_aware = True
+    symbolic.is_fx_symbolic_tracing = is_fx_symbolic_tracing
+
 
 def install() -> None:
     wrapper = torch._TorchCompileInductorWrapper
@@ -96,6 +119,7 @@ def install() -> None:
     @functools.wraps(original_compile)
     def compile(*args, **kwargs):
         _skip_our_code()
+        _thread_aware_fx_flag()  # before Dynamo's wrapper takes the function
         previous = getattr(_EXPLICIT, "value", False)
         _EXPLICIT.value = kwargs.get("backend") == "inductor"
         try:

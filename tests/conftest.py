@@ -30,6 +30,18 @@ def clean_device():
     QUEUE.faults = None
 
 
+@pytest.fixture(autouse=True)
+def no_generated_kernels():
+    """Compiled mode's fused kernels run their ATen ops (NEURON_COMPILED_INDUCTOR off): which
+    code runs them otherwise depends on when a background compile ends, so results would
+    not be bit for bit repeatable (and every compiled test would compile kernels).
+    tests/compiled/test_generated_kernels.py turns it on."""
+    saved = CONFIG.compiled_inductor
+    CONFIG.compiled_inductor = False
+    yield
+    CONFIG.compiled_inductor = saved
+
+
 @pytest.fixture(params=["strict", "adaptive"])
 def any_mode(request):
     """Run the test in strict eager and again in adaptive eager."""

@@ -121,6 +121,9 @@ VARIABLES = (
      "the device worker runs kernels in C++ (0: every kernel through Python, the reference path)"),
     ("NEURON_COMPILED_REPLAY", "compiled_replay", _flag, True,
      "replay a compiled graph's recorded launches for calls of the same input signature"),
+    ("NEURON_COMPILED_INDUCTOR", "compiled_inductor", _flag, True,
+     "compiled mode runs its fused kernels as code Inductor generates for the CPU, compiled in the background "
+     "(0: their ops one by one, as adaptive eager does)"),
     ("NEURON_ADAPTIVE_ON_CHIP_MB", "on_chip_mb", _number(0, False), 28.0,
      "working set under which any ops may fuse (one NeuronCore-v3's SBUF, 28 MiB; 0 turns the rule off)"),
     ("NEURON_ADAPTIVE_POLICY", "adaptive_policy", _choice("ours", "torchneuron"), "ours",

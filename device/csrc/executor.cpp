@@ -73,9 +73,27 @@ struct Arg {
   std::vector<Arg> items;  // lists: each a Tensor or a Constant
 };
 
+// A generated kernel (compiled mode: a fused group compiled by Inductor's CPU code
+// generator, adaptive_eager/generated.py): a Python callable of the group's input tensors
+// (a list) returning its outputs. The worker calls it with the GIL, once per group; if it
+// raises, the written inputs are restored, it is turned off, and the group's own steps run
+// (which hand the launch to Python at the op that fails, as without it).
+struct Generated {
+  PyObject* callable = nullptr;  // owned
+  std::atomic<bool> off{false};
+  ~Generated() {
+    if (callable != nullptr && python_alive()) {
+      py::gil_scoped_acquire gil;
+      Py_DECREF(callable);
+    }
+  }
+};
+
 struct Step {
   std::optional<c10::OperatorHandle> op;                // an aten op, or
-  std::shared_ptr<torch::jit::CompilationUnit> unit;    // a TorchScript function
+  std::shared_ptr<torch::jit::CompilationUnit> unit;    // a TorchScript function, or
+  std::shared_ptr<Generated> generated;                 // a generated kernel standing for `group`
+  std::vector<Step> group;                              // (a generated kernel's) the group's own steps
   torch::jit::Function* function = nullptr;
   std::vector<Arg> args;        // every schema argument, in order
   std::vector<int32_t> outs;    // the returned tensors, flattened: slot (-1: dropped)
@@ -332,6 +350,35 @@ class Builder {
     program_->steps.push_back(std::move(step));
   }
 
+  // begin_group(): the steps added from now on are one group a generated kernel may stand for.
+  void begin_group() { group_start_ = program_->steps.size(); }
+
+  // generated(callable, inputs, results, written, resume): the steps added since
+  // begin_group() become the group of one generated-kernel step: callable(list of the
+  // input slots' tensors) -> the results' tensors, in order; `written`: input slots it
+  // writes in place (restored if it raises).
+  void generated(py::handle callable, py::handle inputs, py::handle results, py::handle written, int64_t resume) {
+    TORCH_CHECK(group_start_ <= program_->steps.size(), "generated: no group begun");
+    Step step;
+    auto kernel = std::make_shared<Generated>();
+    kernel->callable = callable.inc_ref().ptr();
+    step.generated = std::move(kernel);
+    for (py::handle slot : inputs) {
+      Arg arg;
+      arg.kind = Arg::Tensor;
+      arg.ref.slot = slot_of(slot.ptr());
+      step.args.push_back(std::move(arg));
+    }
+    outputs(step, results, py::none());
+    guard(step, written);
+    step.resume = resume;
+    auto& steps = program_->steps;
+    step.group.assign(std::make_move_iterator(steps.begin() + static_cast<std::ptrdiff_t>(group_start_)),
+                      std::make_move_iterator(steps.end()));
+    steps.resize(group_start_);
+    steps.push_back(std::move(step));
+  }
+
   // free(storages): the environment entries of these storages are released after the
   // last step added so far.
   void free(py::handle storages) {
@@ -367,6 +414,7 @@ class Builder {
 
  private:
   std::shared_ptr<Program> program_;
+  size_t group_start_ = static_cast<size_t>(-1);
   bool numbered_ = false;
   std::unordered_map<PyObject*, int32_t> slots_;
   py::list storages_;
@@ -528,6 +576,8 @@ struct Queue : std::enable_shared_from_this<Queue> {
   std::atomic<bool> poison_seen{false};
   std::atomic<int64_t> native_launches{0};
   std::atomic<int64_t> fallbacks{0};
+  std::atomic<int64_t> generated_runs{0};      // generated kernels run
+  std::atomic<int64_t> generated_failures{0};  // generated kernels that raised (then off)
   std::atomic<int64_t> native_ns{0};  // time the worker spent running native launches
   std::atomic<int> worker_threads{0};
   std::atomic<bool> has_thread{false};
@@ -601,7 +651,8 @@ struct Queue : std::enable_shared_from_this<Queue> {
     }
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     std::vector<at::Tensor> saved;
-    for (const auto& step : launch.program->steps) {
+    // one step natively; false when it raised and the launch went to the Python fallback
+    auto run_step = [&](const Step& step) {
       saved.clear();
       for (int32_t slot : step.guarded) {
         saved.push_back(run.value(slot).clone());
@@ -613,11 +664,87 @@ struct Queue : std::enable_shared_from_this<Queue> {
           launch.table[step.guarded[i]]->value().copy_(saved[i]);
         }
         fallback(run, step.resume);
-        return;
+        return false;
+      }
+      return true;
+    };
+    for (const auto& step : launch.program->steps) {
+      if (!step.generated) {
+        if (!run_step(step)) {
+          return;
+        }
+        continue;
+      }
+      if (!step.generated->off.load(std::memory_order_acquire) && run_generated(run, step)) {
+        continue;
+      }
+      for (const auto& own : step.group) {  // the group's own steps
+        if (!run_step(own)) {
+          return;
+        }
       }
     }
     native_launches.fetch_add(1, std::memory_order_relaxed);
   }
+
+  // A generated kernel (struct Generated): true if it ran and its results are stored;
+  // false (its written inputs restored, the kernel turned off) if it raised.
+  bool run_generated(Run& run, const Step& step) {
+    if (!python_alive()) {
+      return false;
+    }
+    std::vector<at::Tensor> inputs;
+    std::vector<at::Tensor> saved;
+    torch::jit::Stack results;
+    bool ran = false;
+    try {
+      inputs.reserve(step.args.size());
+      for (const auto& arg : step.args) {
+        inputs.push_back(run.resolve(arg).toTensor());
+      }
+      for (int32_t slot : step.guarded) {
+        saved.push_back(run.value(slot).clone());
+      }
+      py::gil_scoped_acquire gil;
+      try {
+        py::list list(inputs.size());
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          PyObject* wrapped = THPVariable_Wrap(unshared(inputs[i]));
+          if (wrapped == nullptr) {
+            throw py::error_already_set();
+          }
+          PyList_SET_ITEM(list.ptr(), static_cast<Py_ssize_t>(i), wrapped);
+        }
+        py::object returned = py::reinterpret_borrow<py::object>(step.generated->callable)(list);
+        for (py::handle item : returned) {
+          TORCH_CHECK(THPVariable_Check(item.ptr()), "a generated kernel returned a non-tensor");
+          results.emplace_back(unshared(THPVariable_Unpack(item.ptr())));
+        }
+        TORCH_CHECK(results.size() == step.outs.size(), "a generated kernel returned ", results.size(),
+                    " tensors, ", step.outs.size(), " expected");
+        ran = true;
+      } catch (py::error_already_set&) {
+        results.clear();  // (the error is dropped with the GIL held)
+      } catch (const std::exception&) {
+        results.clear();
+      }
+    } catch (const std::exception&) {
+      ran = false;
+    }
+    if (ran) {
+      run.store(step, results);
+      generated_runs.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
+    for (size_t i = 0; i < saved.size(); ++i) {
+      launch_value(run, step.guarded[i]).copy_(saved[i]);
+    }
+    step.generated->off.store(true, std::memory_order_release);
+    generated_failures.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+
+  static at::Tensor launch_value(Run& run, int32_t slot) { return run.launch.table[slot]->value(); }
 
   void run_python_item(PyObject* item) {
     if (!python_alive()) {
@@ -755,6 +882,8 @@ void register_executor(py::module& m) {
       .def("op", &Builder::op)
       .def("script", &Builder::script)
       .def("free", &Builder::free)
+      .def("begin_group", &Builder::begin_group)
+      .def("generated", &Builder::generated)
       .def("build", &Builder::build)
       .def("launch", &Builder::launch);
   py::class_<Queue, std::shared_ptr<Queue>>(m, "Worker")
@@ -769,6 +898,8 @@ void register_executor(py::module& m) {
         py::dict counts;
         counts["native_launches"] = q.native_launches.load();
         counts["fallbacks"] = q.fallbacks.load();
+        counts["generated_runs"] = q.generated_runs.load();
+        counts["generated_failures"] = q.generated_failures.load();
         counts["native_us"] = q.native_ns.load() / 1000.0;
         counts["worker_threads"] = q.worker_threads.load();
         return counts;

@@ -140,17 +140,23 @@ def _parts(record) -> tuple:
     return record.op, record.args, record.kwargs, record.results, record.writes
 
 
-def add_launches(builder, launches, records, off, parts) -> None:
+def add_launches(builder, launches, records, off, parts, generated=None) -> None:
     """Add a plan's launches to a ``ProgramBuilder``, in order: an op alone as one step, a
     fused kernel's ops with their registers freed after their last reader, a matched chain
     (on in this window: not in ``off``) as one library-kernel step. ``parts(record)`` ->
     ``(op, args, kwargs, results, writes)``: an ``OpRecord``'s, or a compiled graph's
     template record's, whose storages are slot numbers. Each step resumes, in Python, at
-    its launch index << 20 | its offset in the launch (``WindowLaunches.resume``)."""
+    its launch index << 20 | its offset in the launch (``WindowLaunches.resume``).
+    ``generated`` (compiled mode): {launch index: (callable, inputs, results, written)}, a
+    fused kernel's generated code, which the worker runs instead of its steps (they stay,
+    for when it raises: ``executor.cpp``, struct Generated)."""
     for launch, (members, spec) in enumerate(launches):
         if spec is None:
             _add_op(builder, parts(records[members]), None, launch << 20)
             continue
+        kernel_code = generated.get(launch) if generated else None
+        if kernel_code is not None:
+            builder.begin_group()
         kernel = [parts(records[index]) for index in members]
         at_root, skipped = _library_kernels(spec, {i for i in range(len(spec.patterns)) if (launch, i) in off})
         for offset, record in enumerate(kernel):
@@ -164,6 +170,8 @@ def add_launches(builder, launches, records, off, parts) -> None:
             frees = [kernel[producer][3][position] for producer, position in spec.last_uses[offset]]
             if frees:
                 builder.free(frees)
+        if kernel_code is not None:
+            builder.generated(*kernel_code, launch << 20)
 
 
 def _add_op(builder, parts, dead, resume: int) -> None:
