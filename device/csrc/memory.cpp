@@ -244,7 +244,7 @@ py::object side_of(const at::Tensor& tensor) {
 // regrow(tensor, nbytes): the tensor's storage gets a new address of `nbytes` (its Python
 // side, which the caller has resized, stays).
 void regrow(const at::Tensor& tensor, int64_t nbytes) {
-  materialize_storage(tensor.storage().unsafeGetStorageImpl());  // a lazy clone's shared bytes are copied first
+  // (a copy-on-write storage gave up its share before its bytes were resized: views._grow)
   Owner* old_owner = owner_of(tensor.storage());
   TORCH_CHECK(old_owner != nullptr, "this storage was not allocated by the neuron device");
   auto* owner = new Owner();
