@@ -24,6 +24,7 @@
 
 #include "neuron.h"
 
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/core/impl/COW.h>
@@ -73,6 +74,7 @@ at::Tensor whole_of(c10::StorageImpl* storage, const Owner* owner) {
 // its DataPtr, taken from the clone's storage.
 c10::DataPtr copied(c10::StorageImpl* storage) {
   TORCH_CHECK(copy_callback != nullptr, "the neuron device is not initialized");
+  c10::DeviceGuard on_its_device(storage->data_ptr().device());  // the copy lives where the bytes do
   at::Tensor source = whole_of(storage, owner_of(c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage))));
   at::Tensor copy;
   {

@@ -235,3 +235,25 @@ def test_adaptive_window_holds_the_copy():
         clone.add_(1)
         torch.neuron.synchronize()
     assert t.tolist() == [8.0] * 5 and clone.tolist() == [3.0] * 5
+
+
+SECOND_DEVICE = """
+import torch
+t = torch.arange(3.0, device="neuron:1")
+clone = t._lazy_clone()
+clone.data_ptr()  # c10's materializer: no op, so no device guard of the device's Python
+print(clone.device, clone.untyped_storage().device, (clone + t).tolist())
+"""
+
+
+@pytest.mark.parametrize("mode", ["strict", "adaptive"])
+def test_the_copy_lives_on_the_tensors_device(mode):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_WORLD_SIZE", "LOCAL_RANK")}
+    env.update(NEURON_SIM_CORES="2", NEURON_ADAPTIVE_EAGER="1" if mode == "adaptive" else "0")
+    done = subprocess.run([sys.executable, "-c", SECOND_DEVICE], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[-2] == "neuron:1 neuron:1 [0.0, 2.0, 4.0]"
