@@ -97,6 +97,15 @@ def test_writes_after_a_clone_stay_out_of_it(any_mode, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_a_write_reading_its_own_clone(any_mode, device):
+    t = torch.arange(4.0, device=device)
+    clone = t._lazy_clone()
+    t.add_(clone)  # t copies, then reads the shared bytes through the clone
+    clone.mul_(t)  # the last share, reading t's own copy
+    assert t.tolist() == [0.0, 2.0, 4.0, 6.0] and clone.tolist() == [0.0, 2.0, 8.0, 18.0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_a_freed_clone_leaves_the_allocation_to_the_original(any_mode, device):
     t = torch.ones(4, device=device)
     address = data_address(t)
