@@ -58,7 +58,7 @@ from .hardware.sink import drain, synchronize  # noqa: E402
 from .hardware.trace import start_from_environment  # noqa: E402
 from .memory.indices import MULTI  # noqa: E402
 from .memory.storage import DeviceStorage  # noqa: E402
-from .ops import attention, rnn, sparse  # noqa: E402
+from .ops import attention, cow, rnn, sparse  # noqa: E402
 from .ops.autocast import register_autocast  # noqa: E402
 from .ops.collectives import register_backend  # noqa: E402
 from .ops.device_guard import on_its_device  # noqa: E402
@@ -188,7 +188,10 @@ def _register_kernels() -> None:
     _STATE["libraries"].append(constructors)
     whole = torch.library.Library("aten", "IMPL")
     for op in (*_whole_ops(), *_cpu_kernel_ops()):
-        whole.impl(registration_name(op), user_facing(_dense_kernel(op)), "PrivateUse1")
+        if op is not torch.ops.aten._lazy_clone.default:
+            whole.impl(registration_name(op), user_facing(_dense_kernel(op)), "PrivateUse1")
+    # copy-on-write lazy clones, as the CPU makes them (device/ops/cow.py)
+    whole.impl("_lazy_clone", user_facing(cow.lazy_clone), "PrivateUse1")
     # c10d's collectives have PrivateUse1 kernels that hand the tensors to the process
     # group's backend, which cannot read device memory: the device runs them on the host
     # bytes (device/ops/collectives.py) instead.
@@ -224,6 +227,7 @@ def _load_hooks() -> None:
         return storage
 
     _native.init(GENERATOR, lambda: synchronize(Flush.RNG_STATE), resize, CONFIG.device_count, CONFIG.initial_device)
+    _native.set_cow_copy(cow.copy_shared)
 
 
 def _route_to_neuron(name: str, neuron_function) -> None:

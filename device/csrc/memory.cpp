@@ -161,6 +161,10 @@ c10::DataPtr device_data_ptr(size_t nbytes, Owner* owner) {
   return c10::DataPtr(address, owner, &release_owner, c10::Device(kDevice, owner->index));
 }
 
+bool is_owner_data_ptr(const c10::DataPtr& data_ptr) {
+  return data_ptr.get_deleter() == &release_owner;
+}
+
 Owner* owner_of(const c10::Storage& storage, size_t* offset) {
   if (offset != nullptr) {
     *offset = 0;
@@ -189,6 +193,7 @@ void resize_storage_bytes(const c10::Storage& storage, size_t newsize) {
   // the CPU's error (resize_bytes_cpu): a storage view (`storage[a:b]`) or one made over
   // another storage's address does not own its allocation
   TORCH_CHECK(storage.resizable(), "Trying to resize storage that is not resizable");
+  materialize_storage(storage.unsafeGetStorageImpl());  // a lazy clone's shared bytes are copied first
   Owner* old_owner = owner_of(storage);
   TORCH_CHECK(old_owner != nullptr, "resize_: this storage was not allocated by the neuron device");
   TORCH_CHECK(callbacks.resize != nullptr, "the neuron device is not initialized");
@@ -239,6 +244,7 @@ py::object side_of(const at::Tensor& tensor) {
 // regrow(tensor, nbytes): the tensor's storage gets a new address of `nbytes` (its Python
 // side, which the caller has resized, stays).
 void regrow(const at::Tensor& tensor, int64_t nbytes) {
+  // (a copy-on-write storage gave up its share before its bytes were resized: views._grow)
   Owner* old_owner = owner_of(tensor.storage());
   TORCH_CHECK(old_owner != nullptr, "this storage was not allocated by the neuron device");
   auto* owner = new Owner();

@@ -27,6 +27,8 @@
 // - cells.cpp: `_C.StorageBase`, the C part of DeviceStorage: the cell holding a storage's
 //   bytes (a CPU tensor that never gets a Python object) and its data/materialize/adopt/
 //   poison accessors.
+// - cow.cpp: copy-on-write lazy clones (`torch._lazy_clone`): two storages sharing one
+//   allocation through c10's copy-on-write context, until a write gives up a share.
 // - executor.cpp: the device worker (`_C.Worker`, one per execution queue) and native
 //   launches: `_C.native_op` (one op), `_C.ProgramBuilder` (a window's or a compiled
 //   graph's ops as one program), `_C.bind`; what the worker cannot run in C++ it hands
@@ -133,4 +135,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   PyModule_AddFunctions(m.ptr(), neuron::hot_methods);
   neuron::add_storage_type(m.ptr());
   neuron::register_executor(m);
+  neuron::add_cow_methods(m);
 }

@@ -80,6 +80,14 @@ c10::DeviceIndex index_of_address(void* address);
 void resize_storage_bytes(const c10::Storage& storage, size_t newsize);
 
 c10::Allocator* device_allocator();
+// Whether a DataPtr is one the device allocator made (its context an Owner).
+bool is_owner_data_ptr(const c10::DataPtr& data_ptr);
+
+// -- copy-on-write lazy clones (cow.cpp) ----------------------------------------------------
+// A storage sharing its bytes copy-on-write gives up its share (copying them on the device
+// unless it held the last share); any other storage is left as it is.
+void materialize_storage(c10::StorageImpl* storage);
+void add_cow_methods(py::module& m);
 c10::Allocator* pinned_allocator();
 bool is_pinned(const void* data);
 

@@ -23,6 +23,7 @@ from ..core.reasons import Flush
 from ..memory.indices import check_ordinal, current_index
 from ..memory.tensor import describe
 from . import recorder
+from .cow import COW, materialize_written
 from .device_guard import mismatch
 from .collectives import run_collective
 from .host_ops import run_on_host
@@ -54,6 +55,8 @@ def run_op(op, args, kwargs):
 def run(entry, args, kwargs):
     """The op of ``entry`` (its ``op_table.OpEntry``) on the device: the per-op entry."""
     kind = entry.kind
+    if entry.mutated and COW.live:  # a lazy clone's shared bytes are copied before a write (cow.py)
+        materialize_written(entry, args, kwargs)
     if kind is KERNEL:  # the common case first
         if entry.allocation:
             return recorder.allocate(entry, args, kwargs or {})

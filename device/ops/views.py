@@ -66,6 +66,7 @@ def _grow(tensor: torch.Tensor, nbytes: int) -> None:
         return
     if not untyped.resizable():  # a storage view (storage[a:b]): the CPU's error
         raise users_error(RuntimeError("Trying to resize storage that is not resizable"))
+    _native.materialize_cow(tensor)  # a lazy clone's shared bytes are copied, not resized
     sink.synchronize(Flush.RESIZE)
     old_nbytes = untyped.nbytes()
     storage = storage_of(tensor)
