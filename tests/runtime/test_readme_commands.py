@@ -158,7 +158,7 @@ def test_readme_commands_run_in_order(tmp_path):
             continue
         seen.add(command)
         pending.append(shrunk(command))
-    ran, seconds, running = [], {}, {}  # running: command -> (process, start time, deadline)
+    ran, seconds, running = [], {}, {}  # running: command -> (process, start time, its log number)
     try:
         while pending or running:
             # start the next commands in order, while a lane is free and no earlier command
