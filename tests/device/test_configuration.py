@@ -50,15 +50,79 @@ BAD = [
 ]
 
 
+def _groups(cases):
+    """The cases in as few environments as hold each variable once: one fresh process per
+    environment (starting Python and importing torch is most of a case's cost), every
+    bad value of it present at once."""
+    groups = []
+    for variable, value, _ in cases:
+        group = next((g for g in groups if variable not in g), None)
+        if group is None:
+            groups.append(group := {})
+        group[variable] = value
+    return groups
+
+
+@pytest.fixture(scope="module")
+def bad_environments():
+    """{(variable, value): the run of PROGRAM in the environment that holds that bad value}."""
+    runs = {}
+    for group in _groups(BAD):
+        result = run(group)
+        runs.update({(variable, value): result for variable, value in group.items()})
+    return runs
+
+
+def test_each_environment_holds_each_variable_once():
+    groups = _groups(BAD)
+    assert sorted((v, x) for g in groups for v, x in g.items()) == sorted((v, x) for v, x, _ in BAD)
+    assert len(groups) == 2  # NEURON_ADAPTIVE_EAGER, _WINDOW and NEURON_SIM_HBM_GB have two bad values each
+
+
 @pytest.mark.parametrize("variable, value, allowed", BAD, ids=[f"{v}={x}" for v, x, _ in BAD])
-def test_a_bad_value_keeps_import_torch_and_fails_the_first_device_use_in_one_line(variable, value, allowed):
-    result = run({variable: value})
+def test_a_bad_value_keeps_import_torch_and_fails_the_first_device_use_in_one_line(variable, value, allowed,
+                                                                                    bad_environments):
+    """Each bad value, with the other variables of its environment also bad: import torch
+    and CPU code are untouched, and the first device use raises one line naming every bad
+    value (``CONFIG.problem()`` joins them), this one among them."""
+    result = bad_environments[(variable, value)]
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "cpu 2.0"  # import torch and CPU code are untouched
     assert lines[1].startswith("device: ") and len(lines) == 2
     assert f"{variable}={value!r} is not valid: {allowed}" in lines[1]
     assert result.stderr == ""
+
+
+@pytest.mark.parametrize("variable, value, allowed", BAD, ids=[f"{v}={x}" for v, x, _ in BAD])
+def test_a_bad_value_alone_is_the_whole_message(variable, value, allowed):
+    """The message of one bad value alone (in-process: the same parser the device's import
+    runs): nothing but its own line, and the settings keep their defaults."""
+    config, defaults = DeviceConfig({variable: value}), DeviceConfig({})
+    assert len(config.errors) == 1 and config.errors[0].startswith(f"{variable}={value!r} is not valid: {allowed}")
+    assert config.problem() == config.errors[0] + " (the neuron device reads NEURON_* variables at import)"
+    # a bad value changes no setting: what the device's import reads is the defaults, as in
+    # an environment without it (so the bad values of one process cannot hide each other)
+    for _, attribute, _, _, _ in VARIABLES:
+        assert getattr(config, attribute) == getattr(defaults, attribute), attribute
+
+
+def test_fault_injection_from_the_environment():
+    """NEURON_SIM_FAULT=op:n (a valid value) injects a deferred device error at the nth
+    kernel running op, raised at the next sync point as adaptive_eager.inject_fault does
+    (tests/device/test_deferred_errors.py tests the error itself, in both modes)."""
+    code = (
+        "import torch, adaptive_eager\n"
+        "x = torch.ones(2, device='neuron')\n"
+        "y = x + 1\n"
+        "try:\n"
+        "    y.cpu()\n"
+        "except adaptive_eager.NeuronRuntimeError as error:\n"
+        "    print('raised', error.op_name)\n"
+    )
+    out = run({"NEURON_SIM_FAULT": "aten::add:1"}, code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "raised aten::add"
 
 
 def test_valid_values_of_every_kind_parse():

@@ -250,32 +250,6 @@ def test_threads_sharing_the_device():
     assert results == {i: 100.0 * (i + 50) for i in range(3)}
 
 
-def test_import_torch_loads_the_device_package_alone():
-    """``import torch`` (the autoload entry points) loads adaptive_eager_device and the
-    runtime's 30-line hook (adaptive_eager_autoload), nothing of the adaptive runtime, the
-    planner, the CLI formatters or networkx, and installs no exit hook; the runtime loads
-    with ``import adaptive_eager``, or when the environment asks for it (the hook)."""
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_")}
-    code = ("import sys, atexit, torch; torch.zeros(1, device='neuron')\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules if m.startswith('adaptive_eager')}))\n"
-            "print('networkx' in sys.modules, atexit._ncallbacks())")
-    lines = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                           check=True).stdout.splitlines()
-    baseline = subprocess.run([sys.executable, "-c", "import atexit; print(atexit._ncallbacks())"], env=env,
-                              capture_output=True, text=True, check=True, cwd="/").stdout.strip()
-    assert lines[0] == "['adaptive_eager_autoload', 'adaptive_eager_device']"
-    networkx, callbacks = lines[1].split()
-    assert networkx == "False"
-    # torch's own exit callbacks, plus the queue drain only (no statistics dump)
-    assert int(callbacks) <= int(baseline) + 8
-    on = subprocess.run([sys.executable, "-c", code], env=dict(env, NEURON_ADAPTIVE_EAGER="1"), capture_output=True,
-                        text=True, check=True).stdout.splitlines()
-    assert on[0] == "['adaptive_eager', 'adaptive_eager_autoload', 'adaptive_eager_device']"
-
-
 def test_views_run_in_cpp_and_equal_the_cpu(monkeypatch):
     """``view``, ``as_strided`` and ``_reshape_alias`` (which ``t``, ``transpose``,
     ``split``, ``narrow`` and ``expand`` reach) are made by C++ kernels

@@ -8,11 +8,48 @@ import pytest
 import torch
 
 
-def test_import_torch_alone_registers_neuron():
+def clean_environment() -> dict:
+    return {k: v for k, v in os.environ.items() if not k.startswith("NEURON_")}
+
+
+# `import torch` alone, then one device tensor, in a fresh process: what it is, which packages
+# of the repository it loaded, and the exit hooks it installed. A module fixture runs it once
+# for the tests that read it (starting Python and importing torch is most of their cost).
+IMPORT_TORCH = ("import sys, atexit, torch\n"
+                "x = torch.ones(2, device='neuron')\n"
+                "print(type(x).__name__, x.device)\n"
+                "print(sorted({m.split('.')[0] for m in sys.modules if m.startswith('adaptive_eager')}))\n"
+                "print('networkx' in sys.modules, atexit._ncallbacks())")
+
+
+@pytest.fixture(scope="module")
+def import_torch_alone():
+    """The lines IMPORT_TORCH prints, without NEURON_* variables, outside the checkout."""
+    return subprocess.run([sys.executable, "-c", IMPORT_TORCH], env=clean_environment(), capture_output=True,
+                          text=True, check=True, cwd="/").stdout.splitlines()
+
+
+def test_import_torch_alone_registers_neuron(import_torch_alone):
     # PyTorch's autoload convention: the torch.backends entry point runs on `import torch`.
-    code = "import torch; x = torch.ones(2, device='neuron'); print(type(x).__name__, x.device)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["Tensor", "neuron:0"]  # a plain tensor of the device
+    assert import_torch_alone[0].split() == ["Tensor", "neuron:0"]  # a plain tensor of the device
+
+
+def test_import_torch_loads_the_device_package_alone(import_torch_alone):
+    """``import torch`` (the autoload entry points) loads adaptive_eager_device and the
+    runtime's 30-line hook (adaptive_eager_autoload), nothing of the adaptive runtime, the
+    planner, the CLI formatters or networkx, and installs no exit hook; the runtime loads
+    with ``import adaptive_eager``, or when the environment asks for it (the hook)."""
+    env = clean_environment()
+    baseline = subprocess.run([sys.executable, "-c", "import atexit; print(atexit._ncallbacks())"], env=env,
+                              capture_output=True, text=True, check=True, cwd="/").stdout.strip()
+    assert import_torch_alone[1] == "['adaptive_eager_autoload', 'adaptive_eager_device']"
+    networkx, callbacks = import_torch_alone[2].split()
+    assert networkx == "False"
+    # torch's own exit callbacks, plus the queue drain only (no statistics dump)
+    assert int(callbacks) <= int(baseline) + 8
+    on = subprocess.run([sys.executable, "-c", IMPORT_TORCH], env=dict(env, NEURON_ADAPTIVE_EAGER="1"),
+                        capture_output=True, text=True, check=True, cwd="/").stdout.splitlines()
+    assert on[1] == "['adaptive_eager', 'adaptive_eager_autoload', 'adaptive_eager_device']"
 
 
 def test_device_strings():
@@ -87,16 +124,17 @@ def test_the_device_runs_fused_kernels_without_the_planner():
     code = ("import sys, adaptive_eager_device.hardware.fused_kernel\n"
             "print(sorted({m.split('.')[0] for m in sys.modules if m.startswith('adaptive_eager')}),"
             " 'networkx' in sys.modules)")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_")}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/", env=env)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/",
+                         env=clean_environment())
     # (importing torch runs both autoload hooks: the device's, and the runtime's, which
     # loads nothing more unless the environment asks)
     assert out.stdout.split() == ["['adaptive_eager_autoload',", "'adaptive_eager_device']", "False"]
 
 
-@pytest.mark.parametrize("first", ["import torch", "import adaptive_eager", "import adaptive_eager_device",
+@pytest.mark.parametrize("first", ["import adaptive_eager", "import adaptive_eager_device",
                                    "import adaptive_eager.fusion.planner"])
 def test_any_package_may_be_imported_first(first):
+    """(``import torch`` first: test_import_torch_alone_registers_neuron.)"""
     code = f"{first}\nimport torch\nprint(torch.ones(1, device='neuron').device)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
     assert out.stdout.strip() == "neuron:0"

@@ -1,6 +1,12 @@
 """torch.distributed on neuron tensors: collectives and point-to-point send/recv through
 gloo on the CPU bytes, DDP with two processes on 127.0.0.1 (mp.spawn and torchrun),
-failure handling, and what FSDP2 does today. Every run is bounded in time."""
+failure handling, and what FSDP2 does today. Every run is bounded in time.
+
+The collectives, DDP and FSDP2 scenarios of one mode run one after another in one pair of
+rank processes (the module fixture ``ranks``), as tests/integrations/test_distributed_apis.py
+does: starting the processes (``import torch`` in each) is most of their cost. Each
+scenario's result, or the traceback of its failure, is written per rank, so one broken
+scenario fails its own test and hides nothing else."""
 import json
 import os
 import socket
@@ -8,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import traceback
 
 import pytest
 import torch
@@ -35,11 +42,47 @@ def _init(rank, world, port, adaptive, timeout_s=60):
     return dist
 
 
-def _collectives(rank, world, port, adaptive, out_dir):
+def _scenarios(rank, world, port, adaptive, out_dir):
+    """One rank: the process group once, then each scenario in its own folder, with the
+    statistics zeroed before it; a scenario that raises leaves its traceback and the next
+    one runs (a rank that died mid-collective would time the others out instead)."""
     import adaptive_eager
 
     dist = _init(rank, world, port, adaptive)
+    for name, scenario in SCENARIOS.items():
+        folder = os.path.join(out_dir, name)
+        os.makedirs(folder, exist_ok=True)
+        adaptive_eager.reset_stats()
+        try:
+            scenario(rank, world, folder)
+        except Exception:
+            with open(os.path.join(folder, f"rank{rank}.error"), "w") as handle:
+                handle.write(traceback.format_exc())
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["strict", "adaptive"])
+def ranks(request, tmp_path_factory):
+    """Two ranks of one mode that ran every scenario of :data:`SCENARIOS`."""
+    out_dir = tmp_path_factory.mktemp("ranks_adaptive" if request.param else "ranks_strict")
+    mp.spawn(_scenarios, args=(2, free_port(), request.param, str(out_dir)), nprocs=2, join=True)
+    return out_dir
+
+
+def scenario_dir(out_dir, name):
+    """The folder of one scenario's results, after checking that no rank failed it."""
+    folder = out_dir / name
+    failed = [e.read_text() for e in sorted(folder.glob("rank*.error"))]
+    assert not failed, f"{name} failed on a rank:\n" + "\n".join(failed)
+    return folder
+
+
+def _collectives(rank, world, out_dir):
+    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
+
+    import adaptive_eager
 
     results = {}
     x = torch.full((4,), float(rank + 1), device="neuron") * 2  # queued work before the collective
@@ -84,13 +127,11 @@ def _collectives(rank, world, port, adaptive, out_dir):
     results["fallback_ops"] = stats["fallback_ops"]
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
         json.dump(results, handle)
-    dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("adaptive", [False, True], ids=["strict", "adaptive"])
-def test_collectives_on_neuron_tensors(adaptive, tmp_path):
-    mp.spawn(_collectives, args=(2, free_port(), adaptive, str(tmp_path)), nprocs=2, join=True)
-    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+def test_collectives_on_neuron_tensors(ranks):
+    out_dir = scenario_dir(ranks, "collectives")
+    r0, r1 = (json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(2))
     for r in (r0, r1):
         assert r["all_reduce"] == [6.0] * 4  # (1 + 2) * 2
         assert r["broadcast"] == [1.0] * 3
@@ -108,10 +149,9 @@ def test_collectives_on_neuron_tensors(adaptive, tmp_path):
     assert r0["collectives"]["c10d::send"] == 1 and r1["collectives"]["c10d::send"] == 2
 
 
-def _ddp(rank, world, port, adaptive, out_dir):
+def _ddp(rank, world, out_dir):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    dist = _init(rank, world, port, adaptive)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)).to("neuron")
     ddp = DDP(model)
@@ -124,7 +164,6 @@ def _ddp(rank, world, port, adaptive, out_dir):
         optimizer.step()
     torch.save([p.detach().cpu() for p in model.parameters()], os.path.join(out_dir, f"rank{rank}.pt"))
     torch.save((data, target), os.path.join(out_dir, "data.pt"))
-    dist.destroy_process_group()
 
 
 def single_process_reference(data, target):
@@ -138,13 +177,12 @@ def single_process_reference(data, target):
     return [p.detach() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("adaptive", [False, True], ids=["strict", "adaptive"])
-def test_ddp_matches_single_process_training_on_the_whole_batch(adaptive, tmp_path):
-    mp.spawn(_ddp, args=(2, free_port(), adaptive, str(tmp_path)), nprocs=2, join=True)
-    data, target = torch.load(tmp_path / "data.pt")
+def test_ddp_matches_single_process_training_on_the_whole_batch(ranks):
+    out_dir = scenario_dir(ranks, "ddp")
+    data, target = torch.load(out_dir / "data.pt")
     expected = single_process_reference(data, target)
     for rank in range(2):
-        for got, want in zip(torch.load(tmp_path / f"rank{rank}.pt"), expected):
+        for got, want in zip(torch.load(out_dir / f"rank{rank}.pt"), expected):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -216,11 +254,10 @@ def test_a_failing_rank_gives_the_others_a_clear_error_not_a_hang(tmp_path):
     assert float(elapsed) < 30, f"rank 0 waited {elapsed} s: {outcome}"
 
 
-def _fsdp(rank, world, port, adaptive, out_dir):
+def _fsdp(rank, world, out_dir):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    _init(rank, world, port, adaptive)
     mesh = init_device_mesh("neuron", (world,))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)).to("neuron")
@@ -237,18 +274,19 @@ def _fsdp(rank, world, port, adaptive, out_dir):
     full = [p.full_tensor().detach().cpu() for p in model.parameters()]
     torch.save(full, os.path.join(out_dir, f"rank{rank}.pt"))
     torch.save((data, target), os.path.join(out_dir, "data.pt"))
-    import torch.distributed as dist
-
-    dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("adaptive", [False, True], ids=["strict", "adaptive"])
-def test_fsdp2_trains_like_a_single_process(adaptive, tmp_path):
+def test_fsdp2_trains_like_a_single_process(ranks):
     """FSDP2 (fully_shard) over a neuron mesh: DTensor propagates shardings on FakeTensors
     of the neuron parameters, and frees and refills their storages with resize_."""
-    mp.spawn(_fsdp, args=(2, free_port(), adaptive, str(tmp_path)), nprocs=2, join=True)
-    data, target = torch.load(tmp_path / "data.pt")
+    out_dir = scenario_dir(ranks, "fsdp2")
+    data, target = torch.load(out_dir / "data.pt")
     expected = single_process_reference(data, target)
     for rank in range(2):
-        for got, want in zip(torch.load(tmp_path / f"rank{rank}.pt"), expected):
+        for got, want in zip(torch.load(out_dir / f"rank{rank}.pt"), expected):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+# The scenarios the ranks of one mode run, in this order (test_collectives_on_neuron_tensors
+# counts collectives from zero: statistics are reset before each).
+SCENARIOS = {"collectives": _collectives, "ddp": _ddp, "fsdp2": _fsdp}

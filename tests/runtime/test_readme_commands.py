@@ -11,7 +11,12 @@ stays clean. To keep this test to a few minutes, some are shrunk and a few are n
   ``bench/overhead.py`` runs
   ``--ops 100 --repeats 3``; ``torchrun`` runs as ``python -m torch.distributed.run``
   (the same program, from this interpreter's torch);
-- not run: see :data:`SKIPPED`, each with its reason.
+- not run: see :data:`SKIPPED`, each with its reason; and a command written twice (the
+  compare command is in README.md and docs/POLICIES.md) runs once, where it first appears.
+
+They start in the order written, two at a time (this machine's two cores; each command is
+mostly one process importing torch), but a command never starts while an earlier one that it
+:func:`conflicts` with (a file both name, or torchrun's default port) is still running.
 """
 from __future__ import annotations
 
@@ -99,6 +104,40 @@ def test_the_skip_list_names_only_readme_commands():
     assert sum(skipped_because(c) is None for c in document_commands(README)) >= 8
 
 
+LANES = 2  # commands running at once
+
+
+def named_files(command: str) -> set:
+    """The files a command names (``NEURON_FUSION_STATS=strict.json``, ``--html x.html``,
+    the script it runs): what it may read or write."""
+    words = [word.split("=", 1)[-1] for word in shlex.split(command)]
+    return {word for word in words if re.search(r"\.(json|html|py|pt|png|txt)$", word)}
+
+
+def conflicts(first: str, second: str) -> bool:
+    """Whether two commands must not run at the same time: they name a common file, or both
+    start torchrun (its default port, 29500)."""
+    return bool(named_files(first) & named_files(second)) or (
+        "torch.distributed.run" in first and "torch.distributed.run" in second)
+
+
+def test_commands_that_share_a_file_or_the_port_conflict():
+    stats = "NEURON_FUSION_STATS=strict.json NEURON_TRACE=strict_trace.json python -m adaptive_eager.demo --mode strict"
+    assert conflicts(stats, "python -m adaptive_eager.stats strict.json adaptive.json")
+    assert conflicts("python -m adaptive_eager.report strict.json adaptive.json --trace strict_trace.json", stats)
+    assert conflicts(shrunk("torchrun --nproc-per-node 2 examples/train_ddp.py"),
+                     shrunk("torchrun --nproc-per-node 2 examples/train_tp.py"))
+    assert not conflicts("python -m adaptive_eager.demo --steps 2", "python examples/nki_kernel.py")
+    # every command that reads what the demos wrote (the statistics and traces) waits for them
+    commands = [shrunk(c) for c in readme_commands() if not skipped_because(c)]
+    demos = [c for c in commands if "NEURON_FUSION_STATS=" in c]
+    readers = [c for c in commands if "adaptive_eager.stats" in c or "adaptive_eager.report" in c]
+    assert len(demos) == 2 and len(readers) == 4
+    for reader in readers:
+        for name in (name for name in named_files(reader) if name.endswith(".json")):  # (report.html: written)
+            assert any(name in named_files(demo) and conflicts(reader, demo) for demo in demos), (reader, name)
+
+
 def test_readme_commands_run_in_order(tmp_path):
     (tmp_path / "bench").symlink_to(ROOT / "bench")
     (tmp_path / "examples").symlink_to(ROOT / "examples")
@@ -108,24 +147,49 @@ def test_readme_commands_run_in_order(tmp_path):
     # bin/, starts the interpreter the venv was made from, without the venv's packages
     (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     (bin_dir / "python").chmod(0o755)
+    logs = tmp_path / ".logs"
+    logs.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_")}
     env["PATH"] = str(bin_dir) + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = str(ROOT)  # `python -m bench...` from the scratch folder
-    ran, seconds = [], {}
+    pending, seen = [], set()
     for command in readme_commands():
-        if skipped_because(command):
+        if skipped_because(command) or command in seen:
             continue
-        command = shrunk(command)
-        started = time.perf_counter()
-        result = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-        assert result.returncode == 0, f"documented command failed: {command}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
-        ran.append(command)
-        seconds[command] = round(time.perf_counter() - started, 1)
+        seen.add(command)
+        pending.append(shrunk(command))
+    ran, seconds, running = [], {}, {}  # running: command -> (process, start time, its log number)
+    try:
+        while pending or running:
+            # start the next commands in order, while a lane is free and no earlier command
+            # they conflict with is still running
+            while pending and len(running) < LANES and not any(conflicts(pending[0], c) for c in running):
+                command = pending.pop(0)
+                n = len(ran) + len(running)
+                with open(logs / f"{n}.out", "w") as out, open(logs / f"{n}.err", "w") as err:
+                    process = subprocess.Popen(command, shell=True, cwd=tmp_path, env=env, stdout=out, stderr=err,
+                                               text=True, start_new_session=True)
+                running[command] = (process, time.perf_counter(), n)
+            time.sleep(0.05)
+            for command, (process, started, n) in list(running.items()):
+                if process.poll() is None:
+                    assert time.perf_counter() - started < 120, f"documented command timed out: {command}"
+                    continue
+                del running[command]
+                out, err = (logs / f"{n}.out").read_text(), (logs / f"{n}.err").read_text()
+                assert process.returncode == 0, f"documented command failed: {command}\n{out[-2000:]}\n{err[-3000:]}"
+                ran.append(command)
+                seconds[command] = round(time.perf_counter() - started, 1)
+    finally:
+        for process, _, _ in running.values():  # a failure leaves nothing running
+            os.killpg(process.pid, 9)
+            process.wait()
     print(seconds)  # pytest -s shows where the time goes
     assert (tmp_path / "report.html").stat().st_size > 10_000  # the last command of "Seeing what happened"
     assert any("adaptive_eager.stats strict.json adaptive.json" in c for c in ran)
     for example in ("train_ddp.py", "train_fsdp2.py", "train_tp.py", "finetune_trainer.py"):
         assert any(example in c for c in ran), example
+    assert len(ran) == len(seen) >= 10
 
 
 @pytest.mark.parametrize("command, expected", [
