@@ -231,14 +231,8 @@ def test_an_op_with_no_device_kernel_runs_through_the_cpu_fallback_inside_a_grap
     assert adaptive_eager.stats()["fallback_ops"] == {"aten::geqrf": 1}
 
 
-def test_hugging_face_static_cache_generate_equals_cpu():
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    model = transformers.LlamaForCausalLM(config).eval()
-    ids = torch.randint(0, 128, (1, 6))
-    expected = model.generate(ids, max_new_tokens=6, do_sample=False, cache_implementation="static")
+def test_hugging_face_static_cache_generate_equals_cpu(tiny_static_llama):
+    model, ids, expected = tiny_static_llama
     model.to("neuron")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # transformers asks for Inductor: compiled for neuron instead

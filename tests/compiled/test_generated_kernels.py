@@ -88,14 +88,8 @@ def test_train_steps_with_generated_kernels_equal_cpu_and_keep_the_plan_statisti
     assert figures[1][:2] == figures[3][:2] == figures[4][:2], figures
 
 
-def test_static_cache_generate_with_generated_kernels_equals_cpu():
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    model = transformers.LlamaForCausalLM(config).eval()
-    ids = torch.randint(0, 128, (1, 6))
-    expected = model.generate(ids, max_new_tokens=6, do_sample=False, cache_implementation="static")
+def test_static_cache_generate_with_generated_kernels_equals_cpu(tiny_static_llama):
+    model, ids, expected = tiny_static_llama
     model.to("neuron")
     model.forward = torch.compile(model.forward)
     with warnings.catch_warnings():
