@@ -225,9 +225,7 @@ def record_kernel(entry, args, kwargs):
             return run_on_host(entry, args, kwargs or {}, Flush.DATA_DEPENDENT)
         if inference is not NO_META:
             inference.signature = signature
-        SHAPE_CACHE[signature] = inference
-        if len(SHAPE_CACHE) > SHAPE_CACHE_SIZE:
-            SHAPE_CACHE.popitem(last=False)  # the least recently used signature
+        _cache(signature, inference)
     else:
         SHAPE_CACHE.move_to_end(signature)
     if inference.__class__ is not Inference:
