@@ -1,5 +1,5 @@
 // A storage's bytes, reachable from C++ without the GIL: the Cell, and the Python type
-// whose subclass is device/memory/storage.py's DeviceStorage.
+// whose subclass is device/memory/storage.py's DeviceStorage, with the allocator's books.
 //
 // A DeviceStorage keeps its bytes in a CPU tensor, `data`, made lazily (the first kernel's
 // result becomes it). The device worker runs kernels in C++ (executor.cpp) and must not
@@ -33,7 +33,54 @@ at::Tensor unshared(const at::Tensor& tensor) {
 
 namespace {
 std::mutex cell_mutex;  // materialize and adopt race between the host and the worker
+
+// The allocator's books (device/memory/storage.py's MEMORY reads them). A storage books its
+// bytes when it is made and frees them in its dealloc, here, with no Python code: the host
+// allocates, and whichever thread drops a storage's last reference frees (often the host
+// releasing a launch the worker ran), so both update under this lock.
+// Allocations are booked rounded up to this many bytes, as CUDA's caching allocator rounds
+// them (c10/cuda/CUDACachingAllocator.cpp, kMinBlockSize = 512).
+constexpr int64_t kAllocationGranularity = 512;
+
+struct Books {
+  std::mutex mutex;
+  int64_t allocated = 0;
+  int64_t peak = 0;
+  int64_t reserved = 0;
+  int64_t allocations = 0;
+  int64_t frees = 0;
+  int64_t ooms = 0;
+  int64_t live_blocks = 0;
+} books;
+
+// Book `count` allocations of `nbytes` in all; false (an OOM counted, nothing booked) when
+// they do not fit in `capacity`.
+bool book(int64_t nbytes, int64_t count, int64_t capacity) {
+  std::lock_guard<std::mutex> guard(books.mutex);
+  int64_t allocated = books.allocated + nbytes;
+  if (allocated > capacity) {
+    books.ooms += 1;
+    return false;
+  }
+  books.allocated = allocated;
+  books.allocations += count;
+  books.live_blocks += count;
+  if (allocated > books.peak) {
+    books.peak = allocated;
+    if (allocated > books.reserved) {
+      books.reserved = allocated;
+    }
+  }
+  return true;
 }
+
+void unbook(int64_t nbytes) {
+  std::lock_guard<std::mutex> guard(books.mutex);
+  books.allocated -= nbytes;
+  books.frees += 1;
+  books.live_blocks -= 1;
+}
+}  // namespace
 
 at::Tensor Cell::materialize() {
   std::lock_guard<std::mutex> guard(cell_mutex);
@@ -78,28 +125,50 @@ struct StorageObject {
   PyObject_HEAD
   Cell* cell;  // one reference, released with the object
   PyObject* poison;  // the KernelFailure that left the storage without valid data, or None
+  PyObject* shape;   // the layout it was made for (tuples, a torch.dtype), None until set
+  PyObject* stride;
+  PyObject* dtype;
+  int64_t nbytes;  // the bytes it booked, freed in its dealloc; -1: nothing booked
+  // Is its PrivateUse1 storage still referenced (memory.cpp clears it when freed)?
+  bool alive;
 };
+
+StorageObject* as_storage(PyObject* self) {
+  return reinterpret_cast<StorageObject*>(self);
+}
 
 PyObject* storage_new(PyTypeObject* type, PyObject* /*args*/, PyObject* /*kwargs*/) {
   PyObject* self = type->tp_alloc(type, 0);
   if (self == nullptr) {
     return nullptr;
   }
-  auto* object = reinterpret_cast<StorageObject*>(self);
+  auto* object = as_storage(self);
   object->cell = c10::make_intrusive<Cell>().release();
-  Py_INCREF(Py_None);
-  object->poison = Py_None;
+  for (PyObject** field : {&object->poison, &object->shape, &object->stride, &object->dtype}) {
+    Py_INCREF(Py_None);
+    *field = Py_None;
+  }
+  object->nbytes = -1;
+  object->alive = true;
   return self;
 }
 
 int storage_traverse(PyObject* self, visitproc visit, void* arg) {
-  Py_VISIT(reinterpret_cast<StorageObject*>(self)->poison);
+  auto* object = as_storage(self);
+  Py_VISIT(object->poison);
+  Py_VISIT(object->shape);
+  Py_VISIT(object->stride);
+  Py_VISIT(object->dtype);
   Py_VISIT(Py_TYPE(self));
   return 0;
 }
 
 int storage_clear(PyObject* self) {
-  Py_CLEAR(reinterpret_cast<StorageObject*>(self)->poison);
+  auto* object = as_storage(self);
+  Py_CLEAR(object->poison);
+  Py_CLEAR(object->shape);
+  Py_CLEAR(object->stride);
+  Py_CLEAR(object->dtype);
   return 0;
 }
 
@@ -107,8 +176,12 @@ int storage_clear(PyObject* self) {
 void storage_dealloc(PyObject* self) {
   PyTypeObject* type = Py_TYPE(self);
   PyObject_GC_UnTrack(self);
-  auto* object = reinterpret_cast<StorageObject*>(self);
-  Py_CLEAR(object->poison);
+  auto* object = as_storage(self);
+  if (object->nbytes >= 0) {
+    unbook(object->nbytes);
+    object->nbytes = -1;
+  }
+  storage_clear(self);
   if (object->cell != nullptr) {
     c10::intrusive_ptr<Cell>::reclaim(object->cell);  // released here
     object->cell = nullptr;
@@ -188,7 +261,66 @@ PyObject* adopt(PyObject* self, PyObject* result) {
   END_HANDLE_TH_ERRORS
 }
 
+// shape, stride, dtype: plain object fields (closure: the field's offset).
+PyObject* get_field(PyObject* self, void* closure) {
+  PyObject* value = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(self) + reinterpret_cast<intptr_t>(closure));
+  Py_INCREF(value);
+  return value;
+}
+
+int set_field(PyObject* self, PyObject* value, void* closure) {
+  if (value == nullptr) {
+    value = Py_None;
+  }
+  Py_INCREF(value);
+  Py_SETREF(*reinterpret_cast<PyObject**>(reinterpret_cast<char*>(self) + reinterpret_cast<intptr_t>(closure)), value);
+  return 0;
+}
+
+#define FIELD(name) reinterpret_cast<void*>(offsetof(StorageObject, name))
+
+PyObject* get_nbytes(PyObject* self, void* /*closure*/) {
+  int64_t nbytes = as_storage(self)->nbytes;
+  if (nbytes < 0) {
+    Py_RETURN_NONE;
+  }
+  return PyLong_FromLongLong(nbytes);
+}
+
+// Setting nbytes changes what the dealloc frees, not the books (resize_bytes books the change).
+int set_nbytes(PyObject* self, PyObject* value, void* /*closure*/) {
+  if (value == nullptr || value == Py_None) {
+    as_storage(self)->nbytes = -1;
+    return 0;
+  }
+  int64_t nbytes = PyLong_AsLongLong(value);
+  if (nbytes == -1 && PyErr_Occurred()) {
+    return -1;
+  }
+  as_storage(self)->nbytes = nbytes;
+  return 0;
+}
+
+PyObject* get_alive(PyObject* self, void* /*closure*/) {
+  return PyBool_FromLong(as_storage(self)->alive);
+}
+
+int set_alive(PyObject* self, PyObject* value, void* /*closure*/) {
+  int truth = value == nullptr ? 0 : PyObject_IsTrue(value);
+  if (truth < 0) {
+    return -1;
+  }
+  as_storage(self)->alive = truth != 0;
+  return 0;
+}
+
 PyGetSetDef storage_getset[] = {
+    {"shape", get_field, set_field, "The shape of the layout the storage was made for.", FIELD(shape)},
+    {"stride", get_field, set_field, "The stride of that layout.", FIELD(stride)},
+    {"dtype", get_field, set_field, "The dtype of that layout.", FIELD(dtype)},
+    {"nbytes", get_nbytes, set_nbytes, "The bytes it booked (freed when it is), or None.", nullptr},
+    {"alive", get_alive, set_alive,
+     "Is its PrivateUse1 storage still referenced (a tensor, a view, a saved tensor, an optimizer's state)?", nullptr},
     {"data", get_data, set_data, "The CPU tensor holding the bytes, or None until something writes them.", nullptr},
     {"poison", get_poison, set_poison, "The KernelFailure that left the storage without valid data, or None.",
      nullptr},
@@ -200,6 +332,179 @@ PyMethodDef storage_methods[] = {
      "Set the layout of the storage's bytes (shape, stride, dtype)."},
     {"materialize", materialize, METH_NOARGS, "The CPU tensor of the bytes, made now if nothing wrote them yet."},
     {"adopt", adopt, METH_O, "Make a kernel's result the storage's bytes (no copy when the layout matches)."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+// -- the books and storage making, for device/memory/storage.py --------------------------
+
+extern PyTypeObject StorageType;
+
+bool is_storage_type(PyObject* type) {
+  return PyType_Check(type) && PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(type), &StorageType);
+}
+
+int64_t as_int(PyObject* value) {
+  int64_t result = PyLong_AsLongLong(value);
+  if (result == -1 && PyErr_Occurred()) {
+    throw python_error();
+  }
+  return result;
+}
+
+// A storage of `type` (DeviceStorage) for the layout (shape, stride, dtype) of `nbytes` bytes
+// already booked: its fields set and its Cell's layout, with no Python code run.
+PyObject* make_storage(PyTypeObject* type, PyObject* shape, PyObject* stride, PyObject* dtype, int64_t nbytes) {
+  TORCH_CHECK(THPDtype_Check(dtype), "a storage's dtype must be a torch.dtype");
+  PyObject* self = storage_new(type, nullptr, nullptr);
+  if (self == nullptr) {
+    throw python_error();
+  }
+  auto* object = as_storage(self);
+  for (auto [field, value] : {std::pair{&object->shape, shape}, {&object->stride, stride}, {&object->dtype, dtype}}) {
+    Py_INCREF(value);
+    Py_SETREF(*field, value);
+  }
+  object->nbytes = nbytes;
+  Cell* cell = object->cell;
+  cell->sizes = int_vector(shape);
+  cell->strides = int_vector(stride);
+  cell->dtype = reinterpret_cast<THPDtype*>(dtype)->scalar_type;
+  return self;
+}
+
+// allocate_storages(type, layouts, total, capacity) -> [storage] or None: storages for
+// `layouts` ((shape, stride, dtype, booked bytes) each; `total` their sum), booked at once,
+// or None (an OOM counted, nothing booked) when they do not all fit.
+PyObject* allocate_storages(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK(nargs == 4 && is_storage_type(args[0]),
+              "allocate_storages(type, layouts, total, capacity)");
+  auto* type = reinterpret_cast<PyTypeObject*>(args[0]);
+  PyObject* layouts = PySequence_Fast(args[1], "allocate_storages: a sequence of layouts expected");
+  if (layouts == nullptr) {
+    return nullptr;
+  }
+  py::object owned = py::reinterpret_steal<py::object>(layouts);
+  Py_ssize_t count = PySequence_Fast_GET_SIZE(layouts);
+  if (!book(as_int(args[2]), count, as_int(args[3]))) {
+    Py_RETURN_NONE;
+  }
+  PyObject* made = PyList_New(count);
+  if (made == nullptr) {
+    return nullptr;
+  }
+  py::object result = py::reinterpret_steal<py::object>(made);
+  int64_t unassigned = as_int(args[2]);  // booked bytes no storage owns yet
+  Py_ssize_t made_count = 0;
+  try {
+    for (; made_count < count; ++made_count) {
+      PyObject* layout = PySequence_Fast_GET_ITEM(layouts, made_count);
+      TORCH_CHECK(PyTuple_Check(layout) && PyTuple_GET_SIZE(layout) == 4, "a layout is (shape, stride, dtype, nbytes)");
+      int64_t nbytes = as_int(PyTuple_GET_ITEM(layout, 3));
+      PyList_SET_ITEM(made, made_count, make_storage(type, PyTuple_GET_ITEM(layout, 0), PyTuple_GET_ITEM(layout, 1),
+                                                     PyTuple_GET_ITEM(layout, 2), nbytes));
+      unassigned -= nbytes;
+    }
+  } catch (...) {  // the storages made free their own bytes in their dealloc; the rest here
+    std::lock_guard<std::mutex> guard(books.mutex);
+    books.allocated -= unassigned;
+    books.allocations -= count - made_count;
+    books.live_blocks -= count - made_count;
+    throw;
+  }
+  return result.release().ptr();
+  END_HANDLE_TH_ERRORS
+}
+
+int64_t rounded(int64_t nbytes) {
+  return (nbytes + kAllocationGranularity - 1) / kAllocationGranularity * kAllocationGranularity;
+}
+
+// new_storage(type, shape, stride, dtype, nbytes, capacity) -> a storage of `nbytes` (rounded
+// up to the allocation granularity) booked,
+// or None (an OOM counted, nothing booked) when it does not fit.
+PyObject* new_storage(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK(nargs == 6 && is_storage_type(args[0]),
+              "new_storage(type, shape, stride, dtype, nbytes, capacity)");
+  int64_t nbytes = rounded(as_int(args[4]));
+  if (!book(nbytes, 1, as_int(args[5]))) {
+    Py_RETURN_NONE;
+  }
+  try {
+    return make_storage(reinterpret_cast<PyTypeObject*>(args[0]), args[1], args[2], args[3], nbytes);
+  } catch (...) {
+    std::lock_guard<std::mutex> guard(books.mutex);
+    books.allocated -= nbytes;
+    books.allocations -= 1;
+    books.live_blocks -= 1;
+    throw;
+  }
+  END_HANDLE_TH_ERRORS
+}
+
+// book(nbytes, count, capacity) -> bool: book `count` allocations of `nbytes` in all.
+PyObject* book_bytes(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK(nargs == 3, "book(nbytes, count, capacity)");
+  return PyBool_FromLong(book(as_int(args[0]), as_int(args[1]), as_int(args[2])));
+  END_HANDLE_TH_ERRORS
+}
+
+// rebook(old, new, capacity) -> bool: an allocation of `old` bytes now holds `new` (a
+// storage resized), or false (an OOM counted, nothing changed) when that does not fit.
+PyObject* rebook(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK(nargs == 3, "rebook(old, new, capacity)");
+  int64_t old = as_int(args[0]);
+  int64_t now = as_int(args[1]);
+  int64_t capacity = as_int(args[2]);
+  std::lock_guard<std::mutex> guard(books.mutex);
+  int64_t grown = books.allocated - old + now;
+  if (grown > capacity) {
+    books.ooms += 1;
+    Py_RETURN_FALSE;
+  }
+  books.allocated = grown;
+  if (grown > books.peak) {
+    books.peak = grown;
+    books.reserved = std::max(books.reserved, grown);
+  }
+  Py_RETURN_TRUE;
+  END_HANDLE_TH_ERRORS
+}
+
+// books() -> (allocated, peak, reserved, allocations, frees, ooms, live_blocks)
+PyObject* get_books(PyObject* /*module*/, PyObject* /*unused*/) {
+  std::lock_guard<std::mutex> guard(books.mutex);
+  return Py_BuildValue("(LLLLLLL)", static_cast<long long>(books.allocated), static_cast<long long>(books.peak),
+                       static_cast<long long>(books.reserved), static_cast<long long>(books.allocations),
+                       static_cast<long long>(books.frees), static_cast<long long>(books.ooms),
+                       static_cast<long long>(books.live_blocks));
+}
+
+// set_books(peak, reserved): torch.neuron.reset_peak_memory_stats and empty_cache.
+PyObject* set_books(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK(nargs == 2, "set_books(peak, reserved)");
+  int64_t peak = as_int(args[0]);
+  int64_t reserved = as_int(args[1]);
+  std::lock_guard<std::mutex> guard(books.mutex);
+  books.peak = peak;
+  books.reserved = reserved;
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+#define FASTCALL(function) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(function)), METH_FASTCALL
+
+PyMethodDef book_methods[] = {
+    {"allocate_storages", FASTCALL(allocate_storages), "Storages for layouts, booked at once (None: they do not fit)."},
+    {"new_storage", FASTCALL(new_storage), "One storage, booked (None: it does not fit)."},
+    {"book", FASTCALL(book_bytes), "Book allocations of bytes (False: they do not fit)."},
+    {"rebook", FASTCALL(rebook), "An allocation resized (False: it does not fit)."},
+    {"books", get_books, METH_NOARGS, "(allocated, peak, reserved, allocations, frees, ooms, live_blocks)"},
+    {"set_books", FASTCALL(set_books), "Set the peak and reserved bytes."},
     {nullptr, nullptr, 0, nullptr},
 };
 
@@ -224,6 +529,12 @@ bool is_storage(PyObject* value) {
   return PyObject_TypeCheck(value, &StorageType);
 }
 
+void set_storage_alive(PyObject* storage, bool alive) {
+  if (is_storage(storage)) {
+    as_storage(storage)->alive = alive;
+  }
+}
+
 void add_storage_type(PyObject* module) {
   StorageType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC;
   StorageType.tp_doc = "The C side of a device storage: its bytes (device/csrc/cells.cpp).";
@@ -241,6 +552,10 @@ void add_storage_type(PyObject* module) {
   Py_INCREF(&StorageType);
   if (PyModule_AddObject(module, "StorageBase", reinterpret_cast<PyObject*>(&StorageType)) < 0) {
     Py_DECREF(&StorageType);
+    throw py::error_already_set();
+  }
+  if (PyModule_AddFunctions(module, book_methods) < 0 ||
+      PyModule_AddIntConstant(module, "ALLOCATION_GRANULARITY", kAllocationGranularity) < 0) {
     throw py::error_already_set();
   }
 }

@@ -117,14 +117,17 @@ void release_owner(void* context) {
   }
   if ((owner->side != nullptr || owner->signature != nullptr) && python_alive()) {
     py::gil_scoped_acquire gil;
+    // Often freed while an exception propagates (a temporary dropped as the frame unwinds):
+    // nothing here may clear or replace it.
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
     if (owner->side != nullptr) {
       // the storage is gone: nothing can read this value any more (DeviceStorage.alive)
-      if (PyObject_SetAttrString(owner->side, "alive", Py_False) != 0) {
-        PyErr_Clear();
-      }
+      set_storage_alive(owner->side, false);
       Py_DECREF(owner->side);
     }
     Py_XDECREF(owner->signature);
+    PyErr_Restore(type, value, traceback);
   }
   delete owner;
 }

@@ -120,6 +120,7 @@ struct Cell : c10::intrusive_ptr_target {
 };
 at::Tensor unshared(const at::Tensor& tensor);  // a tensor over the same bytes with no Python object
 bool is_storage(PyObject* value);                // a DeviceStorage?
+void set_storage_alive(PyObject* storage, bool alive);  // DeviceStorage.alive, set with no attribute lookup
 c10::intrusive_ptr<Cell> cell_of(PyObject* storage);
 void add_storage_type(PyObject* module);        // _C.StorageBase, DeviceStorage's base
 

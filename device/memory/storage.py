@@ -16,31 +16,39 @@ queued kernel that use it are gone.
 from __future__ import annotations
 
 import ctypes
-import threading
 
 import torch
 
 from .. import _C as _native
 from ..core.config import CONFIG
 
-# The books change on two threads: the host allocates, and whichever thread drops a
-# storage's last reference frees (often the device worker, after the last kernel reading
-# it). `allocated += n` is a read and a write, so both sides update under this lock.
-_BOOKS_LOCK = threading.Lock()
-_ROUND = 512  # allocation granularity in bytes, as in CUDA's caching allocator
+_ROUND = _native.ALLOCATION_GRANULARITY  # bytes an allocation rounds up to, as in CUDA's caching allocator
 
 
 class MemoryBooks:
-    __slots__ = ("allocated", "peak", "reserved", "allocations", "frees", "ooms", "live_blocks")
+    """The allocator's books, kept in C++ (``device/csrc/cells.cpp``): a storage books its
+    bytes when it is made and frees them when it is freed, on whichever thread drops it,
+    with no Python code run."""
 
-    def __init__(self) -> None:
-        self.allocated = 0
-        self.peak = 0
-        self.reserved = 0
-        self.allocations = 0
-        self.frees = 0
-        self.ooms = 0
-        self.live_blocks = 0
+    __slots__ = ()
+    _NAMES = ("allocated", "peak", "reserved", "allocations", "frees", "ooms", "live_blocks")
+
+    def __getattr__(self, name: str) -> int:
+        try:
+            index = MemoryBooks._NAMES.index(name)
+        except ValueError:
+            raise AttributeError(name) from None
+        return _native.books()[index]
+
+    def __setattr__(self, name: str, value: int) -> None:
+        """Only ``peak`` and ``reserved`` are set (``reset_peak_memory_stats``, ``empty_cache``)."""
+        _, peak, reserved, *_ = _native.books()
+        if name == "peak":
+            _native.set_books(value, reserved)
+        elif name == "reserved":
+            _native.set_books(peak, value)
+        else:
+            raise AttributeError(f"MEMORY.{name} is counted by the allocator, not set")
 
 
 MEMORY = MemoryBooks()
@@ -112,25 +120,8 @@ def _out_of_memory(nbytes: int) -> torch.OutOfMemoryError:
     ))
 
 
-def _book(nbytes: int, count: int) -> None:
-    """Book ``count`` allocations of ``nbytes`` in all in the memory books, or raise
-    ``torch.OutOfMemoryError`` (counted, nothing booked) when they do not fit."""
-    books = MEMORY
-    capacity = CONFIG.hbm_bytes
-    with _BOOKS_LOCK:
-        allocated = books.allocated + nbytes
-        if allocated <= capacity:
-            books.allocated = allocated
-            books.allocations += count
-            books.live_blocks += count
-            if allocated > books.peak:
-                books.peak = allocated
-                if allocated > books.reserved:
-                    books.reserved = allocated
-        else:
-            books.ooms += 1
-    if allocated > capacity:
-        raise _out_of_memory(nbytes)
+_new_storage = _native.new_storage
+_allocate_storages = _native.allocate_storages
 
 
 class DeviceStorage(_native.StorageBase):
@@ -139,12 +130,18 @@ class DeviceStorage(_native.StorageBase):
     ``materialize()``, ``adopt(result)`` and ``poison`` (the KernelFailure that left it
     without valid data, or None), so the device worker reaches them without the GIL."""
 
-    __slots__ = ("nbytes", "shape", "stride", "dtype", "alive", "__weakref__")
+    # nbytes (booked, freed by the C side when the storage is), shape, stride, dtype (the
+    # layout it was made for) and alive (is its PrivateUse1 storage still referenced by
+    # anything: a tensor, a view, a tensor autograd saved, an optimizer's state? The C++
+    # side clears it when the storage is freed, device/csrc/memory.cpp: an adaptive window
+    # need not write back a value it made whose storage nothing references any more) are
+    # the C side's fields.
+    __slots__ = ("__weakref__",)
 
     def __init__(self, shape, stride, dtype, nbytes: int, data=None) -> None:
         rounded = -(-nbytes // _ROUND) * _ROUND
-        self.nbytes = None  # nothing booked yet: __del__ has nothing to free
-        _book(rounded, 1)
+        if not _native.book(rounded, 1, CONFIG.hbm_bytes):
+            raise _out_of_memory(rounded)
         self.nbytes = rounded
         self.shape = shape
         self.stride = stride
@@ -152,11 +149,15 @@ class DeviceStorage(_native.StorageBase):
         self._layout(shape, stride, dtype)
         if data is not None:
             self.data = data
-        # Is its PrivateUse1 storage still referenced by anything (a tensor, a view, a
-        # tensor autograd saved, an optimizer's state)? The C++ side clears it when the
-        # storage is freed (device/csrc/memory.cpp): an adaptive window need not write back
-        # a value it made whose storage nothing references any more.
-        self.alive = True
+
+    @staticmethod
+    def new(shape, stride, dtype, nbytes: int) -> "DeviceStorage":
+        """A storage for a kernel's output: ``DeviceStorage(shape, stride, dtype, nbytes)``
+        in one C call (the per-op path)."""
+        storage = _new_storage(DeviceStorage, shape, stride, dtype, nbytes, CONFIG.hbm_bytes)
+        if storage is None:
+            raise _out_of_memory(-(-nbytes // _ROUND) * _ROUND)
+        return storage
 
     @classmethod
     def allocate_all(cls, layouts, total: int) -> list:
@@ -165,30 +166,10 @@ class DeviceStorage(_native.StorageBase):
         allocating them one after the other books them (a compiled graph's replay, which
         makes all of a call's storages before it issues anything). Raises
         ``torch.OutOfMemoryError`` with none of them booked when they do not all fit."""
-        _book(total, len(layouts))
-        storages = []
-        append = storages.append
-        new = cls.__new__
-        for shape, stride, dtype, nbytes in layouts:
-            storage = new(cls)
-            storage.nbytes = nbytes
-            storage.shape = shape
-            storage.stride = stride
-            storage.dtype = dtype
-            storage._layout(shape, stride, dtype)
-            storage.alive = True
-            append(storage)
+        storages = _allocate_storages(cls, layouts, total, CONFIG.hbm_bytes)
+        if storages is None:
+            raise _out_of_memory(total)
         return storages
-
-    def __del__(self) -> None:
-        nbytes = self.nbytes
-        if nbytes is None:
-            return
-        books = MEMORY
-        with _BOOKS_LOCK:
-            books.allocated -= nbytes
-            books.frees += 1
-            books.live_blocks -= 1
 
     @classmethod
     def of_bytes(cls, nbytes: int) -> "DeviceStorage":
@@ -201,19 +182,9 @@ class DeviceStorage(_native.StorageBase):
         waited for the kernels writing them). The bytes become one uint8 buffer; tensors
         over the storage read them through their own dtype (``ReinterpretRef``)."""
         rounded = -(-nbytes // _ROUND) * _ROUND
-        books = MEMORY
-        with _BOOKS_LOCK:
-            grown = books.allocated - (self.nbytes or 0) + rounded
-            if grown > CONFIG.hbm_bytes:
-                books.ooms += 1
-            else:
-                books.allocated = grown
-                if grown > books.peak:
-                    books.peak = grown
-                    books.reserved = max(books.reserved, grown)
-                self.nbytes = rounded
-        if grown > CONFIG.hbm_bytes:
+        if not _native.rebook(self.nbytes or 0, rounded, CONFIG.hbm_bytes):
             raise _out_of_memory(rounded)
+        self.nbytes = rounded
         old = self.data
         data = torch.empty(nbytes, dtype=torch.uint8)
         if old is not None:

@@ -49,6 +49,39 @@ def test_out_of_memory_raises_at_allocation_and_loses_nothing(any_mode):
     assert torch.neuron.memory_stats()["num_ooms"] >= 2
 
 
+def test_storages_book_when_made_and_free_when_dropped_with_no_python_finalizer():
+    """The books are the C side's: a storage books its rounded bytes when it is made (one at a
+    time, or a replay's all at once) and frees them when its last reference goes, with no
+    ``__del__`` to run; a set that does not fit books nothing but the OOM."""
+    from adaptive_eager_device.memory.storage import MEMORY, DeviceStorage
+
+    torch.neuron.synchronize()
+    assert "__del__" not in vars(DeviceStorage)
+    books = lambda: (MEMORY.allocated, MEMORY.allocations, MEMORY.live_blocks, MEMORY.frees, MEMORY.ooms)  # noqa: E731
+    allocated, allocations, live, frees, ooms = books()
+    one = DeviceStorage.new((3,), (1,), torch.float32, 12)
+    assert (one.nbytes, one.shape, one.stride, one.dtype, one.alive) == (512, (3,), (1,), torch.float32, True)
+    made = DeviceStorage.allocate_all([((256,), (1,), torch.float32, 1024)] * 3, 3072)
+    assert books() == (allocated + 512 + 3072, allocations + 4, live + 4, frees, ooms)
+    assert [m.materialize().shape for m in made] == [torch.Size([256])] * 3
+    del made
+    assert books() == (allocated + 512, allocations + 4, live + 1, frees + 3, ooms)
+    del one
+    assert books() == (allocated, allocations + 4, live, frees + 4, ooms)
+    with pytest.raises(torch.OutOfMemoryError):
+        DeviceStorage.allocate_all([((1,), (1,), torch.uint8, 512)] * 2, CONFIG.hbm_bytes - allocated + 512)
+    assert books() == (allocated, allocations + 4, live, frees + 4, ooms + 1)
+
+
+def test_a_storage_freed_while_an_error_propagates_leaves_the_error_alone():
+    """A temporary dropped as the frame unwinds frees its storage while the exception is
+    set: the free (device/csrc/memory.cpp) must neither clear nor replace it (it did: a
+    SystemError, "error return without exception set")."""
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="invalid device ordinal"):
+            torch.ones(2, device="neuron").to("neuron:2")
+
+
 OOM_IN_BACKWARD = """
 import torch, adaptive_eager
 x = torch.randn(1024, 1024, device="neuron", requires_grad=True)  # 4 MiB each

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 import time
 
 import pytest
@@ -160,26 +161,26 @@ def test_a_window_is_one_native_launch_with_its_registers_and_library_kernels(ad
     assert adaptive_eager.stats()["patterns"]["softmax"]["matched"] == 1
 
 
-def test_the_worker_never_drops_a_python_object(monkeypatch):
+def test_the_worker_never_drops_a_python_object():
     """Native launches hold Python objects (their records, the storages); the host
     releases them, with the GIL, once they ran (``Worker.release``), never the worker
     thread: an intermediate whose last reference is a launch's is freed on the host."""
-    from adaptive_eager_device.memory.storage import DeviceStorage
+    from adaptive_eager_device.memory.tensor import storage_of
 
     adaptive_eager.disable()
     freed_on = []
-    original = DeviceStorage.__del__
+    watched = []  # a weak reference's callback runs on the thread that frees its storage
 
-    def recording_del(self):
-        freed_on.append(threading.current_thread())
-        original(self)
+    def watch(tensor):
+        watched.append(weakref.ref(storage_of(tensor), lambda _: freed_on.append(threading.current_thread())))
 
-    monkeypatch.setattr(DeviceStorage, "__del__", recording_del)
     x = torch.randn(64).to("neuron")
     before = counts()
     for _ in range(20):
         y = x * 2
         x = y + 1  # the previous x and y: referenced by the launches alone once replaced
+        watch(y)
+        watch(x)
     del y
     torch.neuron.synchronize()
     assert delta(before)["native_launches"] == 40
