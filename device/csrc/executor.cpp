@@ -260,8 +260,74 @@ class Builder {
       throw NotNative();
     }
     Arg arg;
-    arg.constant = torch::jit::toIValue(py::handle(value), type);
+    if (!constant(value, type, arg.constant)) {
+      arg.constant = torch::jit::toIValue(py::handle(value), type);
+    }
     return arg;
+  }
+
+  // The common constants of the per-op path (numbers, None, a list of ints) as
+  // torch::jit::toIValue converts them, without its general machinery; false for any other
+  // (toIValue converts it).
+  static bool constant(PyObject* value, const c10::TypePtr& type, c10::IValue& out) {
+    auto kind = type->kind();
+    if (kind == c10::TypeKind::OptionalType) {
+      if (value == Py_None) {
+        out = c10::IValue();
+        return true;
+      }
+      return constant(value, type->expectRef<c10::OptionalType>().getElementType(), out);
+    }
+    if (PyBool_Check(value)) {
+      if (kind == c10::TypeKind::BoolType || kind == c10::TypeKind::NumberType) {
+        out = c10::IValue(value == Py_True);
+        return true;
+      }
+      return false;
+    }
+    if (PyLong_CheckExact(value)) {
+      if (kind == c10::TypeKind::IntType || kind == c10::TypeKind::SymIntType || kind == c10::TypeKind::NumberType) {
+        int overflow = 0;
+        long long number = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (overflow != 0 || (number == -1 && PyErr_Occurred())) {
+          PyErr_Clear();
+          return false;
+        }
+        out = c10::IValue(static_cast<int64_t>(number));  // (a SymInt too, as toIValue makes a plain int)
+        return true;
+      }
+      return false;
+    }
+    if (PyFloat_CheckExact(value)) {
+      if (kind == c10::TypeKind::FloatType || kind == c10::TypeKind::NumberType) {
+        out = c10::IValue(PyFloat_AS_DOUBLE(value));
+        return true;
+      }
+      return false;
+    }
+    if (kind == c10::TypeKind::ListType && (PyList_CheckExact(value) || PyTuple_CheckExact(value)) &&
+        type->expectRef<c10::ListType>().getElementType()->kind() == c10::TypeKind::IntType) {
+      PyObject* fast = value;  // a list or a tuple: PySequence_Fast_* read both
+      Py_ssize_t size = PySequence_Fast_GET_SIZE(fast);
+      c10::List<int64_t> items;
+      items.reserve(static_cast<size_t>(size));
+      for (Py_ssize_t i = 0; i < size; ++i) {
+        PyObject* item = PySequence_Fast_GET_ITEM(fast, i);
+        if (!PyLong_CheckExact(item)) {
+          return false;
+        }
+        int overflow = 0;
+        long long number = PyLong_AsLongLongAndOverflow(item, &overflow);
+        if (overflow != 0 || (number == -1 && PyErr_Occurred())) {
+          PyErr_Clear();
+          return false;
+        }
+        items.push_back(number);
+      }
+      out = c10::IValue(std::move(items));
+      return true;
+    }
+    return false;
   }
 
   // The arguments of a call, by the schema: positional from `args`, the rest from
@@ -270,15 +336,23 @@ class Builder {
     std::vector<Arg> converted;
     const auto& arguments = schema.arguments();
     converted.reserve(arguments.size());
-    py::sequence positional = py::reinterpret_borrow<py::sequence>(args);
-    auto count = static_cast<size_t>(py::len(positional));
+    PyObject* positional = PySequence_Fast(args.ptr(), "a call's arguments must be a list or a tuple");
+    if (positional == nullptr) {
+      throw py::error_already_set();
+    }
+    py::object owned_positional = py::reinterpret_steal<py::object>(positional);
+    auto count = static_cast<size_t>(PySequence_Fast_GET_SIZE(positional));
     PyObject* keywords = kwargs.ptr();
+    if (keywords != nullptr && (keywords == Py_None || (PyDict_Check(keywords) && PyDict_GET_SIZE(keywords) == 0))) {
+      keywords = nullptr;  // (most calls: looking each name up would make a string per argument)
+    }
     for (size_t i = 0; i < arguments.size(); ++i) {
       const auto& argument = arguments[i];
       PyObject* value = nullptr;
       if (i < count && !argument.kwarg_only()) {
-        value = PySequence_GetItem(positional.ptr(), static_cast<Py_ssize_t>(i));  // new reference
-      } else if (keywords != nullptr && keywords != Py_None) {
+        value = PySequence_Fast_GET_ITEM(positional, static_cast<Py_ssize_t>(i));
+        Py_INCREF(value);
+      } else if (keywords != nullptr) {
         value = PyDict_GetItemString(keywords, argument.name().c_str());  // borrowed
         Py_XINCREF(value);
       }
