@@ -19,6 +19,7 @@ import warnings
 
 import torch
 
+from .. import _C as _native
 from .config import CONFIG
 
 _INTERNAL_DIRS: list[str] = [
@@ -28,6 +29,7 @@ _INTERNAL_DIRS: list[str] = [
 ]
 _INTERNAL_FILES = {contextlib.__file__, functools.__file__}
 _INTERNAL_CODE: dict = {}
+_user_frame = _native.user_frame
 
 
 def add_internal_dir(path: str) -> None:
@@ -38,6 +40,7 @@ def add_internal_dir(path: str) -> None:
     if path not in _INTERNAL_DIRS:
         _INTERNAL_DIRS.append(path)
         _INTERNAL_CODE.clear()
+        _native.user_frame_reset()
 
 
 def is_internal(filename: str) -> bool:
@@ -70,7 +73,16 @@ def capture_location(depth: int = 2):
     :func:`source_location`). The offset, not the line: a frame's line number is computed by
     walking its code's line table from the start, which costs as much as the code is long
     (a compiled graph's generated code runs hundreds of ops in one function), and is
-    needed only when an error is reported."""
+    needed only when an error is reported.
+
+    The walk is C's (``_C.user_frame``, over the interpreter's own frames) unless the
+    whole stack is kept or this interpreter's frames cannot be read; then the frame
+    objects are walked here, from ``depth`` (both skip the same frames: this function and
+    the device's, all internal)."""
+    if not CONFIG.full_stack:
+        found = _user_frame(is_internal)
+        if found is not NotImplemented:
+            return found if found is not None else _no_user_frame()
     frame = sys._getframe(depth)
     cache = _INTERNAL_CODE
     while frame is not None:
@@ -83,6 +95,11 @@ def capture_location(depth: int = 2):
                 return (code, frame.f_lasti, traceback.extract_stack(frame))
             return (code, frame.f_lasti)
         frame = frame.f_back
+    return _no_user_frame()
+
+
+def _no_user_frame():
+    """No frame is the user's: an op the autograd engine issued, located by its node."""
     node = torch._C._current_autograd_node()
     if node is not None:
         return (f"<autograd backward: {node.name()}>", 0)

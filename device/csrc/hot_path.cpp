@@ -14,6 +14,17 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <unordered_map>
+
+// The interpreter's own frames (CPython 3.11): the issuing frame is found without making
+// a frame object for each frame walked (see user_frame below).
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+#define NEURON_INTERPRETER_FRAMES 1
+#define Py_BUILD_CORE 1
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+#endif
+
 namespace neuron {
 
 std::vector<int64_t> int_vector(PyObject* sequence) {
@@ -175,7 +186,69 @@ PyObject* user_facing(PyObject* /*module*/, PyObject* kernel) {
 
 }  // namespace
 
+// user_frame(is_internal) -> (code, instruction offset in bytes) of the innermost Python
+// frame whose code is not internal (is_internal(code.co_filename), asked once per code
+// object), None when every frame is, or NotImplemented where this interpreter's frames
+// cannot be read (then core/location.py walks the frame objects itself). The same pair
+// `frame.f_code, frame.f_lasti` gives, without making a frame object for every frame on the
+// way (each one an allocation that lives as long as its frame, and counts towards a garbage
+// collection): in the per-op path they cost more than the walk itself.
+std::unordered_map<PyObject*, bool>& internal_codes() {
+  static auto* codes = new std::unordered_map<PyObject*, bool>();  // code -> internal?; holds a reference
+  return *codes;
+}
+
+PyObject* user_frame(PyObject* /*module*/, PyObject* is_internal) {
+#ifdef NEURON_INTERPRETER_FRAMES
+  auto& codes = internal_codes();
+  _PyInterpreterFrame* frame = PyThreadState_Get()->cframe->current_frame;
+  for (; frame != nullptr; frame = frame->previous) {
+    if (_PyFrame_IsIncomplete(frame)) {  // as PyFrame_GetBack skips them
+      continue;
+    }
+    PyObject* code = reinterpret_cast<PyObject*>(frame->f_code);
+    auto found = codes.find(code);
+    bool internal;
+    if (found != codes.end()) {
+      internal = found->second;
+    } else {
+      PyObject* verdict = PyObject_CallOneArg(is_internal, frame->f_code->co_filename);
+      if (verdict == nullptr) {
+        return nullptr;
+      }
+      int truth = PyObject_IsTrue(verdict);
+      Py_DECREF(verdict);
+      if (truth < 0) {
+        return nullptr;
+      }
+      internal = truth != 0;
+      Py_INCREF(code);
+      codes.emplace(code, internal);
+    }
+    if (!internal) {
+      int lasti = _PyInterpreterFrame_LASTI(frame);
+      return Py_BuildValue("(Oi)", code, lasti < 0 ? -1 : lasti * static_cast<int>(sizeof(_Py_CODEUNIT)));
+    }
+  }
+  Py_RETURN_NONE;
+#else
+  Py_RETURN_NOTIMPLEMENTED;
+#endif
+}
+
+// user_frame_reset(): forget which codes are internal (the internal directories changed).
+PyObject* user_frame_reset(PyObject* /*module*/, PyObject* /*unused*/) {
+  auto& codes = internal_codes();
+  for (auto& entry : codes) {
+    Py_DECREF(entry.first);
+  }
+  codes.clear();
+  Py_RETURN_NONE;
+}
+
 PyMethodDef hot_methods[] = {
+    {"user_frame", user_frame, METH_O, "The issuing frame's (code, f_lasti), walked in C (see hot_path.cpp)."},
+    {"user_frame_reset", user_frame_reset, METH_NOARGS, "Forget which codes are internal."},
     {"user_facing", user_facing, METH_O, "Wrap a Python kernel so the user's errors leave it without device frames."},
     {"describe", describe, METH_O, "What the dispatcher records of a tensor argument (see hot_path.cpp)."},
     {"offset_of", offset_of, METH_O, "Where a neuron tensor starts in its storage's allocation, in elements (see hot_path.cpp)."},
