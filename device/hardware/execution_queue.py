@@ -176,7 +176,7 @@ class ExecutionQueue:
     def launch(self, kernel, key, nbytes: int, time_us: float, stream: int, ops: int = 1) -> int:
         """Submit one kernel launch and account for it (``time_us``: its time without the
         launch overhead, which ``_account`` adds)."""
-        start = self._account(1, nbytes, time_us, ((key, 1, time_us, nbytes),), stream)
+        start = self._account(1, nbytes, time_us, None, stream, key=key)
         if PROFILER._is_profiler_enabled:
             profiler.launched(kernel, key, time_us + CONFIG.launch_us, stream)
         sequence = self.submit(kernel, stream, nbytes, ops)
@@ -217,12 +217,12 @@ class ExecutionQueue:
         """Count one launch the host runs itself, inside its op (a data-dependent op, a
         collective; ``key``: its op; ``time_us``: its time without the launch overhead) and
         return its simulated start on the timeline."""
-        start = self._account(1, nbytes, time_us, ((key, 1, time_us, nbytes),), stream)
+        start = self._account(1, nbytes, time_us, None, stream, key=key)
         if PROFILER._is_profiler_enabled:
             profiler.host_kernel(key, time_us + CONFIG.launch_us, stream)
         return start
 
-    def _account(self, count: int, nbytes: int, time_us: float, by_key, stream: int, each=None) -> float:
+    def _account(self, count: int, nbytes: int, time_us: float, by_key, stream: int, each=None, key=None) -> float:
         """Count ``count`` launches issued together (``by_key``: ``(key, launches, time_us,
         bytes)`` per op or kernel name) and return the first one's simulated start. The
         simulated clocks advance here, at submission: with one in-order queue, a kernel
@@ -233,7 +233,8 @@ class ExecutionQueue:
         cached per op signature and per fused kernel); each launch adds
         ``CONFIG.launch_us`` (``NEURON_SIM_LAUNCH_US``) here, read live. ``each``: the
         launches' ``(key, bytes, time_us, ops)`` in order, when there are several (their
-        ends, for :meth:`backlog_kernels`)."""
+        ends, for :meth:`backlog_kernels`). One launch passes ``key`` and no ``by_key`` (the
+        per-op path: no tuple made for it)."""
         launch_us = CONFIG.launch_us
         ends = self._ends
         host = self.host_us
@@ -256,15 +257,24 @@ class ExecutionQueue:
                 end += item[2] + launch_us
                 ends.append(end)
         kernel_totals = self.kernel_totals
-        for key, launches, key_us, key_bytes in by_key:
-            key_us += launches * launch_us
+        if by_key is None:  # one launch: time_us is its time with the launch overhead
             totals = kernel_totals.get(key)
             if totals is None:
-                kernel_totals[key] = [launches, key_us, key_bytes]
+                kernel_totals[key] = [1, time_us, nbytes]
             else:
-                totals[0] += launches
-                totals[1] += key_us
-                totals[2] += key_bytes
+                totals[0] += 1
+                totals[1] += time_us
+                totals[2] += nbytes
+        else:
+            for key, launches, key_us, key_bytes in by_key:
+                key_us += launches * launch_us
+                totals = kernel_totals.get(key)
+                if totals is None:
+                    kernel_totals[key] = [launches, key_us, key_bytes]
+                else:
+                    totals[0] += launches
+                    totals[1] += key_us
+                    totals[2] += key_bytes
         by_stream = counters.launches_by_stream
         by_stream[stream] = by_stream.get(stream, 0) + count
         return begin

@@ -26,7 +26,7 @@ class StrictSink:
     def record(self, record) -> None:
         cost = record.cost
         # run in C++ by the worker; a Python item while tracing or profiling
-        item = record if QUEUE.observing or not CONFIG.native else native_launch(record)
+        item = record if QUEUE.trace_recorder is not None or not CONFIG.native else native_launch(record)
         QUEUE.launch(item, record.op, cost.bytes, cost.time_us, record.stream)
         if CONFIG.launch_blocking:
             QUEUE.wait()
