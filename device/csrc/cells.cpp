@@ -351,24 +351,40 @@ int64_t as_int(PyObject* value) {
   return result;
 }
 
-// A storage of `type` (DeviceStorage) for the layout (shape, stride, dtype) of `nbytes` bytes
-// already booked: its fields set and its Cell's layout, with no Python code run.
-PyObject* make_storage(PyTypeObject* type, PyObject* shape, PyObject* stride, PyObject* dtype, int64_t nbytes) {
+// A layout read from Python: (shape, stride, dtype) objects and their values, checked
+// before anything is booked or made.
+struct Layout {
+  PyObject* shape;
+  PyObject* stride;
+  PyObject* dtype;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  int64_t nbytes;
+};
+
+Layout read_layout(PyObject* shape, PyObject* stride, PyObject* dtype, int64_t nbytes) {
   TORCH_CHECK(THPDtype_Check(dtype), "a storage's dtype must be a torch.dtype");
+  return Layout{shape, stride, dtype, int_vector(shape), int_vector(stride), nbytes};
+}
+
+// A storage of `type` (DeviceStorage) for `layout`, its bytes already booked: its fields set
+// and its Cell's layout, with no Python code run.
+PyObject* make_storage(PyTypeObject* type, Layout& layout) {
   PyObject* self = storage_new(type, nullptr, nullptr);
   if (self == nullptr) {
     throw python_error();
   }
   auto* object = as_storage(self);
-  for (auto [field, value] : {std::pair{&object->shape, shape}, {&object->stride, stride}, {&object->dtype, dtype}}) {
+  for (auto [field, value] :
+       {std::pair{&object->shape, layout.shape}, {&object->stride, layout.stride}, {&object->dtype, layout.dtype}}) {
     Py_INCREF(value);
     Py_SETREF(*field, value);
   }
-  object->nbytes = nbytes;
   Cell* cell = object->cell;
-  cell->sizes = int_vector(shape);
-  cell->strides = int_vector(stride);
-  cell->dtype = reinterpret_cast<THPDtype*>(dtype)->scalar_type;
+  cell->sizes = std::move(layout.sizes);
+  cell->strides = std::move(layout.strides);
+  cell->dtype = reinterpret_cast<THPDtype*>(layout.dtype)->scalar_type;
+  object->nbytes = layout.nbytes;  // its dealloc frees them from now on
   return self;
 }
 
@@ -380,12 +396,20 @@ PyObject* allocate_storages(PyObject* /*module*/, PyObject* const* args, Py_ssiz
   TORCH_CHECK(nargs == 4 && is_storage_type(args[0]),
               "allocate_storages(type, layouts, total, capacity)");
   auto* type = reinterpret_cast<PyTypeObject*>(args[0]);
-  PyObject* layouts = PySequence_Fast(args[1], "allocate_storages: a sequence of layouts expected");
-  if (layouts == nullptr) {
+  PyObject* fast = PySequence_Fast(args[1], "allocate_storages: a sequence of layouts expected");
+  if (fast == nullptr) {
     return nullptr;
   }
-  py::object owned = py::reinterpret_steal<py::object>(layouts);
-  Py_ssize_t count = PySequence_Fast_GET_SIZE(layouts);
+  py::object owned = py::reinterpret_steal<py::object>(fast);
+  Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
+  std::vector<Layout> layouts;
+  layouts.reserve(static_cast<size_t>(count));
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    PyObject* layout = PySequence_Fast_GET_ITEM(fast, i);
+    TORCH_CHECK(PyTuple_Check(layout) && PyTuple_GET_SIZE(layout) == 4, "a layout is (shape, stride, dtype, nbytes)");
+    layouts.push_back(read_layout(PyTuple_GET_ITEM(layout, 0), PyTuple_GET_ITEM(layout, 1), PyTuple_GET_ITEM(layout, 2),
+                                  as_int(PyTuple_GET_ITEM(layout, 3))));
+  }
   if (!book(as_int(args[2]), count, as_int(args[3]))) {
     Py_RETURN_NONE;
   }
@@ -394,22 +418,18 @@ PyObject* allocate_storages(PyObject* /*module*/, PyObject* const* args, Py_ssiz
     return nullptr;
   }
   py::object result = py::reinterpret_steal<py::object>(made);
-  int64_t unassigned = as_int(args[2]);  // booked bytes no storage owns yet
-  Py_ssize_t made_count = 0;
+  Py_ssize_t i = 0;
   try {
-    for (; made_count < count; ++made_count) {
-      PyObject* layout = PySequence_Fast_GET_ITEM(layouts, made_count);
-      TORCH_CHECK(PyTuple_Check(layout) && PyTuple_GET_SIZE(layout) == 4, "a layout is (shape, stride, dtype, nbytes)");
-      int64_t nbytes = as_int(PyTuple_GET_ITEM(layout, 3));
-      PyList_SET_ITEM(made, made_count, make_storage(type, PyTuple_GET_ITEM(layout, 0), PyTuple_GET_ITEM(layout, 1),
-                                                     PyTuple_GET_ITEM(layout, 2), nbytes));
-      unassigned -= nbytes;
+    for (; i < count; ++i) {
+      PyList_SET_ITEM(made, i, make_storage(type, layouts[static_cast<size_t>(i)]));
     }
-  } catch (...) {  // the storages made free their own bytes in their dealloc; the rest here
+  } catch (...) {  // (out of memory making an object) those made free their own bytes
     std::lock_guard<std::mutex> guard(books.mutex);
-    books.allocated -= unassigned;
-    books.allocations -= count - made_count;
-    books.live_blocks -= count - made_count;
+    for (Py_ssize_t rest = i; rest < count; ++rest) {
+      books.allocated -= layouts[static_cast<size_t>(rest)].nbytes;
+    }
+    books.allocations -= count - i;
+    books.live_blocks -= count - i;
     throw;
   }
   return result.release().ptr();
@@ -427,19 +447,11 @@ PyObject* new_storage(PyObject* /*module*/, PyObject* const* args, Py_ssize_t na
   HANDLE_TH_ERRORS
   TORCH_CHECK(nargs == 6 && is_storage_type(args[0]),
               "new_storage(type, shape, stride, dtype, nbytes, capacity)");
-  int64_t nbytes = rounded(as_int(args[4]));
-  if (!book(nbytes, 1, as_int(args[5]))) {
+  Layout layout = read_layout(args[1], args[2], args[3], rounded(as_int(args[4])));
+  if (!book(layout.nbytes, 1, as_int(args[5]))) {
     Py_RETURN_NONE;
   }
-  try {
-    return make_storage(reinterpret_cast<PyTypeObject*>(args[0]), args[1], args[2], args[3], nbytes);
-  } catch (...) {
-    std::lock_guard<std::mutex> guard(books.mutex);
-    books.allocated -= nbytes;
-    books.allocations -= 1;
-    books.live_blocks -= 1;
-    throw;
-  }
+  return make_storage(reinterpret_cast<PyTypeObject*>(args[0]), layout);
   END_HANDLE_TH_ERRORS
 }
 

@@ -71,6 +71,11 @@ def test_storages_book_when_made_and_free_when_dropped_with_no_python_finalizer(
     with pytest.raises(torch.OutOfMemoryError):
         DeviceStorage.allocate_all([((1,), (1,), torch.uint8, 512)] * 2, CONFIG.hbm_bytes - allocated + 512)
     assert books() == (allocated, allocations + 4, live, frees + 4, ooms + 1)
+    for bad in (lambda: DeviceStorage.new(("x",), (1,), torch.float32, 4),  # a layout C cannot read
+                lambda: DeviceStorage.allocate_all([((1,), (1,), torch.uint8, 512), ((1,), ("x",), torch.uint8, 512)], 1024)):
+        with pytest.raises(TypeError):
+            bad()
+        assert books() == (allocated, allocations + 4, live, frees + 4, ooms + 1)  # booked, then given back
 
 
 def test_a_storage_freed_while_an_error_propagates_leaves_the_error_alone():
