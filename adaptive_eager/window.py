@@ -270,7 +270,7 @@ class AdaptiveSink:
         stream = records[0].stream  # one window, one stream (a stream change flushes)
         off = library_kernels_off(plan, records) if plan.library else frozenset()
         self._count(plan, off)
-        command_list = WindowLaunches(plan.launches, records, stream, off)
+        command_list = WindowLaunches(plan.launches, records, stream, off, plan.programs)
         if not QUEUE.observing:  # in C++ on the worker, or this command list where it cannot
             QUEUE.launch_batch(CONFIG.native and command_list.native() or command_list, plan.costs, stream)
         else:  # the trace and the profiler see every kernel on its own

@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import textwrap
 import typing
 
 import torch
 
 from .. import _C as _native
+from ..memory.storage import DeviceStorage, ViewRef
 from .op_record import GUARDED_WRITES, in_layout, resolve, run_record
 
 LOG = logging.getLogger("adaptive_eager.fusion")
@@ -72,13 +74,14 @@ class WindowLaunches:
     and the device worker builds the fused kernels and runs them in order. ``launches`` is
     ``Plan.launches``: ``(position, None)`` for an op alone, ``(positions, KernelSpec)``."""
 
-    __slots__ = ("launches", "records", "stream", "off")
+    __slots__ = ("launches", "records", "stream", "off", "programs")
 
-    def __init__(self, launches, records, stream: int, off=frozenset()) -> None:
+    def __init__(self, launches, records, stream: int, off=frozenset(), programs=None) -> None:
         self.launches = launches
         self.records = records
         self.stream = stream
         self.off = off  # {(launch index, pattern index)}: library kernels off in this window
+        self.programs = programs  # the plan's native programs (Plan.programs), or None
 
     def _fused(self, launch: int, members, spec) -> "FusedKernel":
         records = self.records
@@ -127,13 +130,90 @@ class WindowLaunches:
         in C++, the values a fused kernel keeps in registers in the run's environment, a
         matched chain as its library kernel, a TorchScript function), or None when an
         argument is one the native path does not resolve. Its fallback is this command
-        list, resumed where the native run stopped (:meth:`resume`)."""
+        list, resumed where the native run stopped (:meth:`resume`).
+
+        A plan's windows share their program when their constants match (``programs``, the
+        plan's: every window of a plan has the same ops, signatures and storage aliasing;
+        :func:`_constants_key` holds what else a program bakes in): the later ones bind it to
+        their own storages, found at the places the first window's were first met."""
+        programs = self.programs
+        key = None
+        if programs is not None:
+            key = _constants_key(self.records, self.off)
+            if key is not None:
+                found = programs.get(key)
+                if found is not None:
+                    program, places = found
+                    records = self.records
+                    return _native.bind(program, [getattr(records[r], kind)[k] for r, kind, k in places], self)
         builder = _native.ProgramBuilder()
         try:
             add_launches(builder, self.launches, self.records, self.off, _parts)
         except _native.NotNative:
             return None
-        return builder.launch(self)
+        if key is None:
+            return builder.launch(self)
+        program, storages = builder.build()
+        places = _places(self.records, storages)
+        if places is not None:
+            if len(programs) >= _PROGRAMS_PER_PLAN:  # constants that change window to window
+                programs.clear()
+            programs[key] = (program, places)
+        return _native.bind(program, storages, self)
+
+
+_PROGRAMS_PER_PLAN = 8
+
+
+class _Uncacheable(Exception):
+    pass
+
+
+def _leaf_key(value):
+    """What a program bakes in of one argument: nothing of a storage (bound per window), a
+    view's place in its storage, a number's type, value and sign (0.0 and -0.0 are equal in
+    Python), the object itself for the rest; a host tensor is a constant of its own window."""
+    kind = type(value)
+    if kind is DeviceStorage:
+        return None
+    if kind is float:
+        return (float, value, math.copysign(1.0, value))
+    if kind is int or kind is bool:
+        return (kind, value)
+    if kind is ViewRef:
+        return (ViewRef, value.shape, value.stride, value.offset)
+    if kind is list or kind is tuple:
+        return (kind, *[_leaf_key(item) for item in value])
+    if isinstance(value, torch.Tensor):
+        raise _Uncacheable
+    hash(value)  # (unhashable: not cached; any other reference hashes by identity: never shared)
+    return value
+
+
+def _constants_key(records, off):
+    """The key of a window's program within its plan, or None when it cannot be shared."""
+    try:
+        return (off, *[(*[_leaf_key(value) for value in record.args],
+                        *([(name, _leaf_key(value)) for name, value in record.kwargs.items()] if record.kwargs else ()))
+                       for record in records])
+    except (_Uncacheable, TypeError):
+        return None
+
+
+def _places(records, storages) -> tuple:
+    """Where each of a program's storages is first met in its window: (record index,
+    ``"reads"``/``"writes"``/``"results"``, position). Windows of one plan alias their
+    storages alike, so the same places hold the storages of any of them."""
+    first = {}
+    for index, record in enumerate(records):
+        for kind in ("reads", "writes", "results"):
+            for position, storage in enumerate(getattr(record, kind)):
+                if storage is not None and id(storage) not in first:
+                    first[id(storage)] = (index, kind, position)
+    try:
+        return tuple(first[id(storage)] for storage in storages)
+    except KeyError:  # a storage the records do not list: not shared
+        return None
 
 
 def _parts(record) -> tuple:

@@ -126,10 +126,11 @@ class Plan:
     the same structure, whose ops have the same signatures and so the same costs.
     """
 
-    __slots__ = ("groups", "refusals", "launches", "costs", "totals", "library")
+    __slots__ = ("groups", "refusals", "launches", "costs", "totals", "library", "programs")
 
     def __init__(self, groups: list, refusals: dict, records) -> None:
         self.groups = groups  # [GroupSpec] in launch order
+        self.programs: dict = {}  # the native programs of its windows (fused_kernel.WindowLaunches.native)
         self.refusals = refusals
         self.launches = tuple(
             (group.members[0], None) if group.kernel is None else (group.members, group.kernel) for group in groups

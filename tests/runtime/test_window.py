@@ -33,6 +33,63 @@ def test_plan_and_kernel_caches_hit_on_repeated_windows(policy):
 
 
 
+# -- a plan's native program, shared by its windows -------------------------------------------
+
+
+def _programs_built(monkeypatch):
+    from adaptive_eager_device.hardware import fused_kernel
+
+    built = []
+    builder = fused_kernel._native.ProgramBuilder
+
+    def counting():
+        built.append(1)
+        return builder()
+
+    monkeypatch.setattr(fused_kernel._native, "ProgramBuilder", counting)
+    return built
+
+
+def test_windows_of_one_plan_share_its_native_program(policy, monkeypatch):
+    built = _programs_built(monkeypatch)
+    x = torch.randn(8)
+    (d,) = on_device(x)
+    torch.neuron.synchronize()
+    built.clear()
+    for _ in range(5):
+        assert_same((d * 2 + 1).relu(), (x * 2 + 1).relu())
+    assert len(built) == 1  # the first window builds it; the other four bind it to their storages
+
+
+@pytest.mark.parametrize("first, second", [(0.5, 0.25), (0.0, -0.0), (3, 3.0), (True, 1)],
+                         ids=["float_value", "signed_zero", "int_vs_float", "bool_vs_int"])
+def test_a_program_is_shared_only_by_windows_with_the_same_constants(policy, monkeypatch, first, second):
+    """The plan is keyed by the signature, which keeps only a float's class (0.5 and 0.25 plan
+    alike); the program bakes the value in, so windows differing there build their own."""
+    built = _programs_built(monkeypatch)
+    x = torch.randn(8)
+    (d,) = on_device(x)
+    torch.neuron.synchronize()
+    built.clear()
+    for scalar in (first, second, first, second):
+        got = (d.add(1.0) * scalar).cpu()
+        expected = x.add(1.0) * scalar
+        assert torch.equal(got, expected) and torch.equal(got.signbit(), expected.signbit()), scalar
+    assert len(built) == 2
+
+
+def test_a_program_is_shared_only_by_windows_reading_the_same_places(policy, monkeypatch):
+    """A view's offset in its storage is baked into the program, not into the plan."""
+    built = _programs_built(monkeypatch)
+    x = torch.arange(16.0)
+    (d,) = on_device(x)
+    torch.neuron.synchronize()
+    built.clear()
+    for start in (0, 4, 0, 8):
+        assert_same(d[start:start + 4] * 2 + 1, x[start:start + 4] * 2 + 1)
+    assert len(built) == 3
+
+
 # -- flushes --------------------------------------------------------------------------------
 
 
