@@ -36,6 +36,14 @@ def test_plan_and_kernel_caches_hit_on_repeated_windows(policy):
 # -- a plan's native program, shared by its windows -------------------------------------------
 
 
+def _on_device_then_count_builds(monkeypatch, x):
+    """``x`` on the device (its upload's window flushed), then the list the native programs
+    built from now on append to."""
+    (d,) = on_device(x)
+    torch.neuron.synchronize()
+    return d, _programs_built(monkeypatch)
+
+
 def _programs_built(monkeypatch):
     from adaptive_eager_device.hardware import fused_kernel
 
@@ -51,11 +59,8 @@ def _programs_built(monkeypatch):
 
 
 def test_windows_of_one_plan_share_its_native_program(policy, monkeypatch):
-    built = _programs_built(monkeypatch)
     x = torch.randn(8)
-    (d,) = on_device(x)
-    torch.neuron.synchronize()
-    built.clear()
+    d, built = _on_device_then_count_builds(monkeypatch, x)
     for _ in range(5):
         assert_same((d * 2 + 1).relu(), (x * 2 + 1).relu())
     assert len(built) == 1  # the first window builds it; the other four bind it to their storages
@@ -66,11 +71,8 @@ def test_windows_of_one_plan_share_its_native_program(policy, monkeypatch):
 def test_a_program_is_shared_only_by_windows_with_the_same_constants(policy, monkeypatch, first, second):
     """The plan is keyed by the signature, which keeps only a float's class (0.5 and 0.25 plan
     alike); the program bakes the value in, so windows differing there build their own."""
-    built = _programs_built(monkeypatch)
     x = torch.randn(8)
-    (d,) = on_device(x)
-    torch.neuron.synchronize()
-    built.clear()
+    d, built = _on_device_then_count_builds(monkeypatch, x)
     for scalar in (first, second, first, second):
         got = (d.add(1.0) * scalar).cpu()
         expected = x.add(1.0) * scalar
@@ -80,11 +82,8 @@ def test_a_program_is_shared_only_by_windows_with_the_same_constants(policy, mon
 
 def test_a_program_is_shared_only_by_windows_reading_the_same_places(policy, monkeypatch):
     """A view's offset in its storage is baked into the program, not into the plan."""
-    built = _programs_built(monkeypatch)
     x = torch.arange(16.0)
-    (d,) = on_device(x)
-    torch.neuron.synchronize()
-    built.clear()
+    d, built = _on_device_then_count_builds(monkeypatch, x)
     for start in (0, 4, 0, 8):
         assert_same(d[start:start + 4] * 2 + 1, x[start:start + 4] * 2 + 1)
     assert len(built) == 3
