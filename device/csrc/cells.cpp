@@ -455,34 +455,12 @@ PyObject* new_storage(PyObject* /*module*/, PyObject* const* args, Py_ssize_t na
   END_HANDLE_TH_ERRORS
 }
 
-// book(nbytes, count, capacity) -> bool: book `count` allocations of `nbytes` in all.
+// book(nbytes, count, capacity) -> bool: book `count` allocations of `nbytes` in all (count 0
+// and a difference of bytes: an allocation resized).
 PyObject* book_bytes(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
   TORCH_CHECK(nargs == 3, "book(nbytes, count, capacity)");
   return PyBool_FromLong(book(as_int(args[0]), as_int(args[1]), as_int(args[2])));
-  END_HANDLE_TH_ERRORS
-}
-
-// rebook(old, new, capacity) -> bool: an allocation of `old` bytes now holds `new` (a
-// storage resized), or false (an OOM counted, nothing changed) when that does not fit.
-PyObject* rebook(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
-  HANDLE_TH_ERRORS
-  TORCH_CHECK(nargs == 3, "rebook(old, new, capacity)");
-  int64_t old = as_int(args[0]);
-  int64_t now = as_int(args[1]);
-  int64_t capacity = as_int(args[2]);
-  std::lock_guard<std::mutex> guard(books.mutex);
-  int64_t grown = books.allocated - old + now;
-  if (grown > capacity) {
-    books.ooms += 1;
-    Py_RETURN_FALSE;
-  }
-  books.allocated = grown;
-  if (grown > books.peak) {
-    books.peak = grown;
-    books.reserved = std::max(books.reserved, grown);
-  }
-  Py_RETURN_TRUE;
   END_HANDLE_TH_ERRORS
 }
 
@@ -514,7 +492,6 @@ PyMethodDef book_methods[] = {
     {"allocate_storages", FASTCALL(allocate_storages), "Storages for layouts, booked at once (None: they do not fit)."},
     {"new_storage", FASTCALL(new_storage), "One storage, booked (None: it does not fit)."},
     {"book", FASTCALL(book_bytes), "Book allocations of bytes (False: they do not fit)."},
-    {"rebook", FASTCALL(rebook), "An allocation resized (False: it does not fit)."},
     {"books", get_books, METH_NOARGS, "(allocated, peak, reserved, allocations, frees, ooms, live_blocks)"},
     {"set_books", FASTCALL(set_books), "Set the peak and reserved bytes."},
     {nullptr, nullptr, 0, nullptr},

@@ -266,6 +266,18 @@ class Builder {
     return arg;
   }
 
+  // An int that fits in 64 bits (false, and no error set, for one that does not).
+  static bool exact_int(PyObject* value, int64_t& out) {
+    int overflow = 0;
+    long long number = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow != 0 || (number == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      return false;
+    }
+    out = number;
+    return true;
+  }
+
   // The common constants of the per-op path (numbers, None, a list of ints) as
   // torch::jit::toIValue converts them, without its general machinery; false for any other
   // (toIValue converts it).
@@ -286,14 +298,10 @@ class Builder {
       return false;
     }
     if (PyLong_CheckExact(value)) {
-      if (kind == c10::TypeKind::IntType || kind == c10::TypeKind::SymIntType || kind == c10::TypeKind::NumberType) {
-        int overflow = 0;
-        long long number = PyLong_AsLongLongAndOverflow(value, &overflow);
-        if (overflow != 0 || (number == -1 && PyErr_Occurred())) {
-          PyErr_Clear();
-          return false;
-        }
-        out = c10::IValue(static_cast<int64_t>(number));  // (a SymInt too, as toIValue makes a plain int)
+      int64_t number = 0;
+      if ((kind == c10::TypeKind::IntType || kind == c10::TypeKind::SymIntType || kind == c10::TypeKind::NumberType) &&
+          exact_int(value, number)) {
+        out = c10::IValue(number);  // (a SymInt too, as toIValue makes a plain int)
         return true;
       }
       return false;
@@ -313,13 +321,8 @@ class Builder {
       items.reserve(static_cast<size_t>(size));
       for (Py_ssize_t i = 0; i < size; ++i) {
         PyObject* item = PySequence_Fast_GET_ITEM(fast, i);
-        if (!PyLong_CheckExact(item)) {
-          return false;
-        }
-        int overflow = 0;
-        long long number = PyLong_AsLongLongAndOverflow(item, &overflow);
-        if (overflow != 0 || (number == -1 && PyErr_Occurred())) {
-          PyErr_Clear();
+        int64_t number = 0;
+        if (!PyLong_CheckExact(item) || !exact_int(item, number)) {
           return false;
         }
         items.push_back(number);

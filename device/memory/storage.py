@@ -138,25 +138,15 @@ class DeviceStorage(_native.StorageBase):
     # the C side's fields.
     __slots__ = ("__weakref__",)
 
-    def __init__(self, shape, stride, dtype, nbytes: int, data=None) -> None:
-        rounded = -(-nbytes // _ROUND) * _ROUND
-        if not _native.book(rounded, 1, CONFIG.hbm_bytes):
-            raise _out_of_memory(rounded)
-        self.nbytes = rounded
-        self.shape = shape
-        self.stride = stride
-        self.dtype = dtype
-        self._layout(shape, stride, dtype)
-        if data is not None:
-            self.data = data
-
-    @staticmethod
-    def new(shape, stride, dtype, nbytes: int) -> "DeviceStorage":
-        """A storage for a kernel's output: ``DeviceStorage(shape, stride, dtype, nbytes)``
-        in one C call (the per-op path)."""
-        storage = _new_storage(DeviceStorage, shape, stride, dtype, nbytes, CONFIG.hbm_bytes)
+    def __new__(cls, shape, stride, dtype, nbytes: int, data=None) -> "DeviceStorage":
+        """A storage of ``nbytes`` (rounded up to the allocation granularity) for the layout
+        (shape, stride, dtype), booked and made in one C call (``_C.new_storage``); ``data``:
+        its bytes, when they exist already."""
+        storage = _new_storage(cls, shape, stride, dtype, nbytes, CONFIG.hbm_bytes)
         if storage is None:
-            raise _out_of_memory(-(-nbytes // _ROUND) * _ROUND)
+            raise _out_of_memory(rounded_nbytes(nbytes))
+        if data is not None:
+            storage.data = data
         return storage
 
     @classmethod
@@ -181,8 +171,8 @@ class DeviceStorage(_native.StorageBase):
         """``storage.resize_(nbytes)``: the first ``nbytes`` bytes are kept (the caller has
         waited for the kernels writing them). The bytes become one uint8 buffer; tensors
         over the storage read them through their own dtype (``ReinterpretRef``)."""
-        rounded = -(-nbytes // _ROUND) * _ROUND
-        if not _native.rebook(self.nbytes or 0, rounded, CONFIG.hbm_bytes):
+        rounded = rounded_nbytes(nbytes)
+        if not _native.book(rounded - (self.nbytes or 0), 0, CONFIG.hbm_bytes):  # the change, no new block
             raise _out_of_memory(rounded)
         self.nbytes = rounded
         old = self.data

@@ -49,7 +49,6 @@ CPU = torch.device("cpu")
 _Tensor = torch.Tensor
 _SCALARS = (int, float, bool)
 _default_dtype = torch.get_default_dtype
-_new_storage = DeviceStorage.new
 
 # Ops that may take CPU tensors of any rank beside neuron ones, as CUDA's indexing does
 # (``_to_copy`` of a host tensor is an upload, ``dispatch._upload``).
@@ -247,7 +246,7 @@ def record_kernel(entry, args, kwargs):
             results.append(None)
             outputs.append(None)
             continue
-        storage = _new_storage(spec.shape, spec.stride, spec.dtype, spec.nbytes)
+        storage = DeviceStorage(spec.shape, spec.stride, spec.dtype, spec.nbytes)
         results.append(storage)
         outputs.append(device_tensor(spec.shape, spec.stride, spec.dtype, storage, spec.nbytes))
     writes = tuple(_mutated_storages(entry, args, kwargs)) if entry.mutated else ()

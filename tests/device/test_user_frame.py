@@ -61,7 +61,6 @@ def test_an_op_records_the_users_line_and_a_module_made_internal_is_skipped(monk
         return x * 3
 
     monkeypatch.setattr(location, "_INTERNAL_DIRS", list(location._INTERNAL_DIRS))
-    line = sys._getframe().f_lineno + 1
     helper()
     assert location.source_location(records[-1].location).function == "helper"
     location.add_internal_dir(__file__)  # this file's frames are the library's now
