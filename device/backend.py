@@ -62,7 +62,7 @@ from .ops import attention, cow, rnn, sparse  # noqa: E402
 from .ops.autocast import register_autocast  # noqa: E402
 from .ops.collectives import register_backend  # noqa: E402
 from .ops.device_guard import on_its_device  # noqa: E402
-from .ops.dispatch import run  # noqa: E402
+from .ops.dispatch import install_native_recorder, run  # noqa: E402
 from .ops.op_table import cpu_kernel_over_composite, op_entry, overload_named, registration_name  # noqa: E402
 from .ops.rng import GENERATOR  # noqa: E402
 from .ops.shapes import SHAPE_CACHE  # noqa: E402
@@ -89,12 +89,19 @@ def _make_handler():
     checked = not CONFIG.errors
     # several device indices: each op runs under its device's guard
     run_entry = on_its_device(run) if MULTI else run
+    # a kernel hitting the shape cache, recorded in one C call (device/csrc/record.cpp),
+    # else NotImplemented; with one device index (the guard is Python's)
+    native_record = _native.record if not MULTI and install_native_recorder() else None
 
     def handle(entry, args, kwargs):
         if not checked:
             _refuse_bad_configuration()
         acquire()
         try:
+            if native_record is not None:
+                result = native_record(entry, args, kwargs)
+                if result is not NotImplemented:
+                    return result
             return run_entry(entry, args, kwargs)
         finally:
             release()

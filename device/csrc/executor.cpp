@@ -31,6 +31,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/stack.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty_strided.h>
 #include <torch/csrc/Exceptions.h>
@@ -212,6 +213,15 @@ class Builder {
            type == view_slot_type;
   }
 
+  // A Python number as a Tensor argument takes it: a 0-dim CPU tensor marked a wrapped
+  // number (so type promotion treats it as the number), as torch::jit::toIValue makes it.
+  static at::Tensor wrapped_number(double value) {
+    at::Tensor tensor = at::detail::empty_cpu({}, c10::kDouble, std::nullopt, std::nullopt, std::nullopt, std::nullopt);
+    *tensor.data_ptr<double>() = value;  // (c10::scalar_to_tensor's result, without two dispatches)
+    tensor.unsafeGetTensorImpl()->set_wrapped_number(true);
+    return tensor;
+  }
+
   Arg tensor_arg(PyObject* value) {
     Arg arg;
     if (value == Py_None) {
@@ -220,6 +230,10 @@ class Builder {
     if (THPVariable_Check(value)) {  // a host tensor (a snapshot): a constant of its own
       TORCH_CHECK(!numbered_, "a template's host tensors are slots");
       arg.constant = unshared(THPVariable_Unpack(value));
+      return arg;
+    }
+    if (PyFloat_CheckExact(value)) {  // the common case of the one below, without toIValue's general path
+      arg.constant = wrapped_number(PyFloat_AS_DOUBLE(value));
       return arg;
     }
     if (PyFloat_Check(value) || PyLong_Check(value) || PyComplex_Check(value)) {
@@ -484,6 +498,9 @@ class Builder {
     result->program = std::exchange(program_, std::make_shared<Program>());
     result->table = std::exchange(cells_, {});
     result->storages = std::exchange(storages_, py::list());
+    if (PyObject_GC_IsTracked(result->storages.ptr())) {  // storages hold nothing referring back to it:
+      PyObject_GC_UnTrack(result->storages.ptr());        // no collection need scan it while it waits
+    }
     result->fallback = std::move(fallback);
     slots_.clear();
     return result;

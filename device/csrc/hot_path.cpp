@@ -95,6 +95,9 @@ PyObject* signature_of(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::Sc
   return signature;
 }
 
+}  // namespace
+
+// (outside the anonymous namespace: record.cpp calls it)
 PyObject* describe(PyObject* /*module*/, PyObject* value) {
   PyTypeObject* type = Py_TYPE(value);
   if (!THPVariable_CheckTypeExact(type)) {
@@ -132,6 +135,8 @@ PyObject* describe(PyObject* /*module*/, PyObject* value) {
   Py_DECREF(signature);
   return result;
 }
+
+namespace {
 
 // offset_of(tensor) -> where a neuron tensor starts in its storage's allocation, in its
 // own elements: its storage offset, plus the offset of a storage view (`storage[a:b]`)

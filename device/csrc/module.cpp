@@ -19,6 +19,9 @@
 //   fresh storage) and `describe` (what the dispatcher records of a tensor argument),
 //   one C call each; and `user_facing`, the kernel boundary the user's errors leave
 //   through without device frames.
+// - record.cpp: the recorder's common case in one C call (`record`: a kernel whose
+//   signature hits the shape cache, recorded and, in strict eager, launched), and the
+//   execution queue's bookkeeping (`account`, `submit`).
 // - views.cpp: the view kernels that never enter Python (`view`, `as_strided`,
 //   `_reshape_alias`: metadata only, at::native's own functions, as the CPU runs them).
 // - sparse.cpp: the sparse COO kernels that only read or re-point a sparse tensor (its
@@ -133,6 +136,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("call_recording", &neuron::call_recording);
   neuron::profiler::add_methods(m);
   PyModule_AddFunctions(m.ptr(), neuron::hot_methods);
+  PyModule_AddFunctions(m.ptr(), neuron::record_methods);
   neuron::add_storage_type(m.ptr());
   neuron::register_executor(m);
   neuron::add_cow_methods(m);

@@ -5,6 +5,7 @@
 // - hooks.cpp:    generators, the PrivateUse1 hooks, the device guard, and init();
 // - hot_path.cpp: the calls on the per-op hot path (`describe`, `empty`) and the kernel
 //                 boundary (`user_facing`);
+// - record.cpp:   the recorder's common case in one C call, the queue's bookkeeping;
 // - views.cpp:    the view kernels run in C++ (`view`, `as_strided`, `_reshape_alias`);
 // - sparse.cpp:   the sparse COO kernels that only read or re-point the structure;
 // - profiler.cpp: torch.profiler's device activity (a Kineto child profiler for PrivateUse1);
@@ -102,6 +103,7 @@ py::object twin(py::object generator);
 
 // -- the hot path (hot_path.cpp) -------------------------------------------------------------
 extern PyMethodDef hot_methods[];
+extern PyMethodDef record_methods[];  // record.cpp: the recorder's common case, the queue's bookkeeping
 std::vector<int64_t> int_vector(PyObject* sequence);  // a Python sequence of ints
 
 // -- a storage's bytes (cells.cpp) -----------------------------------------------------------

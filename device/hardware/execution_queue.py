@@ -140,17 +140,10 @@ class ExecutionQueue:
 
     # -- host side -------------------------------------------------------------------
     def submit(self, item, stream_id: int = 0, nbytes: int = 0, ops: int = 1) -> int:
-        """Put ``item`` on the queue. Items reach the worker in batches (see ``ring``)."""
-        self.submitted += 1
-        sequence = self.submitted
-        self.last_on_stream[stream_id] = sequence
-        batch = self._batch
-        batch.append(item)
-        self._batch_bytes += nbytes
-        self._batch_ops += ops
-        if self._batch_ops >= self.batch_items or self._batch_bytes >= self.batch_bytes:
-            self.ring()
-        return sequence
+        """Put ``item`` on the queue. Items reach the worker in batches (see ``ring``): the
+        batch rings when it holds ``batch_items`` launches or ``batch_bytes`` of traffic.
+        In C (``_C.submit``, ``device/csrc/record.cpp``), which the C recorder calls too."""
+        return _native.submit(self, item, stream_id, nbytes, ops)
 
     def ring(self) -> None:
         """Hand the batched items to the device worker (the doorbell).
@@ -234,50 +227,9 @@ class ExecutionQueue:
         ``CONFIG.launch_us`` (``NEURON_SIM_LAUNCH_US``) here, read live. ``each``: the
         launches' ``(key, bytes, time_us, ops)`` in order, when there are several (their
         ends, for :meth:`backlog_kernels`). One launch passes ``key`` and no ``by_key`` (the
-        per-op path: no tuple made for it)."""
-        launch_us = CONFIG.launch_us
-        ends = self._ends
-        host = self.host_us
-        while ends and ends[0] <= host:  # finished before the host issues these
-            ends.popleft()
-        time_us += count * launch_us
-        counters = COUNTERS
-        counters.kernels_launched += count
-        counters.bytes_moved += nbytes
-        counters.device_time_us += time_us
-        self.clock_us += time_us
-        device_free = self.device_free_us
-        begin = device_free if device_free > host else host
-        self.device_free_us = begin + time_us
-        if each is None:
-            ends.append(begin + time_us)
-        else:
-            end = begin
-            for item in each:
-                end += item[2] + launch_us
-                ends.append(end)
-        kernel_totals = self.kernel_totals
-        if by_key is None:  # one launch: time_us is its time with the launch overhead
-            totals = kernel_totals.get(key)
-            if totals is None:
-                kernel_totals[key] = [1, time_us, nbytes]
-            else:
-                totals[0] += 1
-                totals[1] += time_us
-                totals[2] += nbytes
-        else:
-            for key, launches, key_us, key_bytes in by_key:
-                key_us += launches * launch_us
-                totals = kernel_totals.get(key)
-                if totals is None:
-                    kernel_totals[key] = [launches, key_us, key_bytes]
-                else:
-                    totals[0] += launches
-                    totals[1] += key_us
-                    totals[2] += key_bytes
-        by_stream = counters.launches_by_stream
-        by_stream[stream] = by_stream.get(stream, 0) + count
-        return begin
+        per-op path: no tuple made for it). In C (``_C.account``, ``device/csrc/record.cpp``,
+        with Python's own arithmetic on these attributes), which the C recorder calls too."""
+        return _native.account(self, COUNTERS, count, nbytes, time_us, by_key, stream, each, key, CONFIG.launch_us)
 
     def depth(self) -> int:
         """Items submitted and not yet run by the worker thread (real, timing-dependent)."""

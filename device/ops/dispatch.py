@@ -18,11 +18,21 @@ from __future__ import annotations
 
 import torch
 
+from .. import _C as _native
+from ..core import location
+from ..core.config import CONFIG
+from ..core.counters import COUNTERS
 from ..core.errors import users_error
 from ..core.reasons import Flush
 from ..memory.indices import check_ordinal, current_index
+from ..hardware import op_record, sink
+from ..hardware.execution_queue import QUEUE
+from ..hardware.profiler import PROFILER
+from ..hardware.streams import STATE as STREAMS
+from ..memory import tensor
+from ..memory.storage import DeviceStorage
 from ..memory.tensor import describe
-from . import recorder
+from . import recorder, shapes
 from .cow import COW, materialize_written
 from .device_guard import mismatch
 from .collectives import run_collective
@@ -156,3 +166,24 @@ _HANDLERS = {
     LIKE: run_like,
     NO_OP: lambda entry, args, kwargs: None,
 }
+
+
+def install_native_recorder() -> bool:
+    """Hand ``_C.record`` (``device/csrc/record.cpp``: ``recorder.record_kernel``'s common case, a
+    kernel whose signature hits the shape cache, recorded in one C call) the objects it
+    reads, live, as this module does. Not where this interpreter's frames cannot be read
+    from C (``location.capture_location`` then walks frame objects). Returns whether it is
+    installed; the registered kernels call it first (``backend._make_handler``).
+    ``recorder.record_kernel`` is the reference for what it does."""
+    if _native.user_frame(location.is_internal) is NotImplemented:
+        return False
+    _native.install_record({
+        "shape_cache": shapes.SHAPE_CACHE, "inference_type": shapes.Inference, "queue": QUEUE,
+        "counters": COUNTERS, "config": CONFIG, "sink_module": sink, "strict_sink": sink.STRICT_SINK,
+        "profiler": PROFILER, "streams": STREAMS, "cow": COW, "op_record": op_record.OpRecord,
+        "storage_type": DeviceStorage, "reference": tensor.reference, "is_internal": location.is_internal,
+        "no_user_frame": location._no_user_frame, "native_op": _native.native_op,
+        "not_native": _native.NotNative, "new_storage": _native.new_storage, "empty": _native.empty,
+        "guarded": op_record.GUARDED_WRITES, "recorder": recorder,
+    })
+    return True

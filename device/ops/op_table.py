@@ -117,6 +117,7 @@ class OpEntry:
     __slots__ = (
         "op", "kind", "name", "mutated", "return_alias", "generator_arg", "random", "dropout_arg",
         "scalar_values_matter", "checked_on_cpu", "allocation", "rewrite", "host_random", "composite", "layout_arg", "serial",
+        "fast",
     )
 
     def __init__(self, op) -> None:
@@ -243,6 +244,19 @@ def _checks_while_writing(entry) -> bool:
     )
 
 
+def _fast_fields(entry):
+    """What ``_C.record`` (``device/csrc/record.cpp``, the recorder's common case in C) reads
+    of an entry, or None for an op it never records: one whose call ``record_kernel``
+    handles specially (an allocation, a rewrite, a random op, an indexing op's host
+    checks) or that is not a kernel."""
+    from .index_checks import INDEXING
+
+    if (entry.kind is not KERNEL or entry.allocation or entry.rewrite is not None or entry.random
+            or entry.host_random or entry.op in INDEXING):
+        return None
+    return (entry.op, entry.serial, entry.scalar_values_matter, entry.mutated, entry.return_alias)
+
+
 def op_entry(op) -> OpEntry:
     entry = _ENTRIES.get(op)
     if entry is None:
@@ -260,5 +274,6 @@ def op_entry(op) -> OpEntry:
                 entry.rewrite = op_entry(rewrite)
                 if entry.random and rewrite._schema.name != entry.name:  # neuron::native_dropout's p
                     entry.rewrite.checked_on_cpu = True
+        entry.fast = _fast_fields(entry)
         _ENTRIES[op] = entry
     return entry

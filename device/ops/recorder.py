@@ -11,7 +11,11 @@ meta kernel that rejects the arguments, a random op that must draw on the host) 
 the host instead (``host_ops.run_on_host``).
 
 This is the per-op hot path; keep it free of ``tree_map``, ``inspect`` and full stack
-walks. ``bench/overhead.py`` measures it.
+walks. ``bench/overhead.py`` measures it. Its common case, a kernel whose signature hits
+the shape cache, is also written in C (``device/csrc/record.cpp``, installed by
+``dispatch.install_native_recorder``), which the registered kernels try first: a change to what
+a record, a signature or a launch holds is made in both, and
+``tests/device/test_native_record.py`` compares them record by record and clock by clock.
 """
 from __future__ import annotations
 
@@ -406,3 +410,4 @@ def allocate(entry, args, kwargs):
     if fill is not None:  # deterministic mode: NaN or the largest value, as ATen's empty writes
         record_kernel(op_entry(aten.fill_.Scalar), (tensor, fill), {})
     return tensor
+
