@@ -23,6 +23,7 @@
 #include "neuron.h"
 
 #include <c10/core/DefaultDtype.h>
+#include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Layout.h>
@@ -120,6 +121,8 @@ struct Names {
   PyObject* one = PyLong_FromLong(1);
   PyObject* host_snapshots = intern("HOST_SNAPSHOTS");
   PyObject* host = intern("host");
+  PyObject* neuron = intern("neuron");
+  PyObject* cpu = intern("CPU");
 };
 
 Names& names() {
@@ -460,7 +463,15 @@ struct Call {
     if (THPVariable_Check(value)) {
       return host_scalar(value, into);
     }
-    throw Miss();  // a device, a generator, anything rarer
+    if (THPDevice_Check(value)) {  // a factory's device=: the kernel makes it on the CPU
+      const c10::Device& device = reinterpret_cast<THPDevice*>(value)->device;
+      if (device.type() != kDevice || (device.has_index() && device.index() >= device_count)) {
+        throw Miss();  // another device's (CUDA's error), or an index out of range (check_ordinal's)
+      }
+      check(PyList_Append(into, names().neuron) == 0);
+      return checked(PyObject_GetAttr(h.recorder, names().cpu));
+    }
+    throw Miss();  // a generator, anything rarer
   }
 
   // A 0-dim host tensor (a Python number the dispatcher wrapped, `x * 2.0`): its snapshot
@@ -588,8 +599,26 @@ PyObject* build_return(PyObject* return_alias, PyObject* structure, PyObject* ou
   return values.release();
 }
 
+// recorder._draws: does a call with this dropout argument ((index, name)) draw?
+bool draws(PyObject* dropout, PyObject* args, PyObject* kwargs) {
+  Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(dropout, 0));
+  PyObject* value = index < PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, index)
+                    : kwargs != nullptr ? PyDict_GetItemWithError(kwargs, PyTuple_GET_ITEM(dropout, 1))
+                                        : nullptr;
+  if (value == nullptr) {
+    check(!PyErr_Occurred());
+    return false;  // the default, 0.0
+  }
+  Ref zero(checked(PyFloat_FromDouble(0.0)));
+  int nonzero = PyObject_RichCompareBool(value, zero.get(), Py_NE);
+  check(nonzero >= 0);
+  return nonzero != 0;
+}
+
 PyObject* record_call(Handles& h, Names& n, PyObject* entry, PyObject* args, PyObject* kwargs) {
-  // entry.fast: (op, serial, scalar_values_matter, mutated, return_alias), or None (never here)
+  // entry.fast: (op, serial, scalar_values_matter, mutated, return_alias, dropout, copy), or
+  // None (never here); dropout: the (index, name) of a host-random op's dropout_p, which must
+  // be 0; copy: a copy, taken when its first argument is a neuron tensor (dispatch.run_copy)
   Ref fast(checked(PyObject_GetAttr(entry, n.fast)));
   if (fast.get() == Py_None) {
     throw Miss();
@@ -597,6 +626,19 @@ PyObject* record_call(Handles& h, Names& n, PyObject* entry, PyObject* args, PyO
   PyObject* op = PyTuple_GET_ITEM(fast.get(), 0);
   PyObject* mutated = PyTuple_GET_ITEM(fast.get(), 3);
   PyObject* return_alias = PyTuple_GET_ITEM(fast.get(), 4);
+  PyObject* dropout = PyTuple_GET_ITEM(fast.get(), 5);
+  if (dropout != Py_None && draws(dropout, args, kwargs)) {
+    throw Miss();  // it draws on the host (recorder._draws)
+  }
+  if (PyTuple_GET_ITEM(fast.get(), 6) == Py_True) {
+    if (!PyTuple_CheckExact(args) || PyTuple_GET_SIZE(args) == 0) {
+      throw Miss();
+    }
+    Ref first(checked(describe(nullptr, PyTuple_GET_ITEM(args, 0))));
+    if (first.get() == Py_None) {
+      throw Miss();  // an upload, or a download into a host tensor
+    }
+  }
   if (!PyTuple_CheckExact(args) || (kwargs != nullptr && !PyDict_CheckExact(kwargs)) ||
       observed_or_special(h, n) || (PyTuple_GET_SIZE(mutated) != 0 && truth_of(h.cow, n.live))) {
     throw Miss();

@@ -1,4 +1,5 @@
-// The view kernels the device runs in C++: `view`, `as_strided` and `_reshape_alias` (see
+// The view kernels the device runs in C++: `view`, `as_strided`, `_reshape_alias` and
+// `_unsafe_view` (matmul's reshape of its result, a view autograd does not track; see
 // module.cpp for the whole extension). A view is metadata only: new sizes, strides and
 // offset over the same storage, made by the very function the CPU kernel is
 // (at::native's, device-agnostic, as OpenReg registers them). Registered at the
@@ -11,6 +12,7 @@
 #include "neuron.h"
 
 #include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/_unsafe_view_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
 #include <torch/library.h>
@@ -44,6 +46,11 @@ at::Tensor reshape_alias(const at::Tensor& self, at::IntArrayRef size, at::IntAr
   return at::native::_reshape_alias(self, size, stride);
 }
 
+at::Tensor unsafe_view(const at::Tensor& self, at::IntArrayRef size) {
+  count();
+  return at::native::_unsafe_view(self, size);
+}
+
 std::unique_ptr<torch::Library> library;
 
 }  // namespace
@@ -57,6 +64,7 @@ void register_views() {
   library->impl("view", TORCH_FN(view));
   library->impl("as_strided", TORCH_FN(as_strided));
   library->impl("_reshape_alias", TORCH_FN(reshape_alias));
+  library->impl("_unsafe_view", TORCH_FN(unsafe_view));
 }
 
 int64_t view_count() {

@@ -247,14 +247,24 @@ def _checks_while_writing(entry) -> bool:
 def _fast_fields(entry):
     """What ``_C.record`` (``device/csrc/record.cpp``, the recorder's common case in C) reads
     of an entry, or None for an op it never records: one whose call ``record_kernel``
-    handles specially (an allocation, a rewrite, a random op, an indexing op's host
-    checks) or that is not a kernel."""
+    handles specially (an allocation, a rewrite, a random op drawing on the host or taking a
+    generator, an indexing op's host checks) or that is not a kernel. A random op without
+    a generator argument (a fused attention kernel, tagged random for its dropout) is
+    recorded like any kernel: it draws from the device's stream on the queue, in order; one
+    the device runs on the host (``rng.HOST_RANDOM``) only when it draws nothing (a fused
+    attention kernel called with ``dropout_p`` 0: its dropout argument is the last field,
+    else None). Of the copies, ``copy_`` into a neuron tensor and ``_to_copy`` of one on the
+    device are kernels too (``dispatch.run_copy``): taken when the first argument is a neuron
+    tensor (the last field)."""
     from .index_checks import INDEXING
 
-    if (entry.kind is not KERNEL or entry.allocation or entry.rewrite is not None or entry.random
-            or entry.host_random or entry.op in INDEXING):
+    copy = entry.kind is COPY and entry.op in (aten.copy_.default, aten._to_copy.default)
+    if ((entry.kind is not KERNEL and not copy) or entry.allocation or entry.rewrite is not None
+            or (entry.host_random and entry.dropout_arg is None)
+            or entry.generator_arg is not None or entry.op in INDEXING):
         return None
-    return (entry.op, entry.serial, entry.scalar_values_matter, entry.mutated, entry.return_alias)
+    dropout = entry.dropout_arg if entry.host_random else None
+    return (entry.op, entry.serial, entry.scalar_values_matter, entry.mutated, entry.return_alias, dropout, copy)
 
 
 def op_entry(op) -> OpEntry:

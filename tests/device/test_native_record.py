@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from adaptive_eager_device import _C as _native
 from adaptive_eager_device.core.counters import COUNTERS
@@ -37,12 +38,19 @@ def program(x, w, ids):
     out = torch.empty_like(values)
     torch.mul(values, -0.0, out=out)
     flag = (s > 0) & True
-    return [y, m, s, values, indices, total, picked, masked, out, flag]
+    filled = torch.full((8, 3), 0.5, device=x.device)  # a factory's device=
+    wide = s.to(torch.float64)  # _to_copy on the device
+    out.copy_(values * 0.5)  # copy_ between neuron tensors
+    q = torch.stack([s, s]).unsqueeze(0)
+    attended = F.scaled_dot_product_attention(q, q, q)  # the CPU's flash kernel, dropout 0: tagged random
+    batched = torch.matmul(torch.stack([s, s]), filled.t())  # its reshape: _unsafe_view, a C++ view
+    return [y, m, s, values, indices, total, picked, masked, out, flag, filled, wide, attended, batched]
 
 
 # mul, add, relu, mm, cat, add_, mul_, max.dim, sum.dim_IntList, index_select, gt, where,
-# mul.out, gt, bitwise_and
-KERNEL_CALLS_TAKEN = 15
+# mul.out, gt, bitwise_and, full, _to_copy, mul, copy_, stack, the flash attention kernel,
+# stack, mm
+KERNEL_CALLS_TAKEN = 23
 
 
 def _inputs():
@@ -260,3 +268,40 @@ def test_the_queues_bookkeeping_advances_the_simulated_clocks_as_documented(stri
     assert COUNTERS.launches_by_stream == {0: 3}
     QUEUE._account(1, 1, 1.0, None, 0, key="one")  # totals add up per key
     assert QUEUE.kernel_totals["one"] == [2, 26.0, 101]
+
+
+def test_calls_the_python_recorder_must_see_are_not_taken(strict_mode):
+    """A random op that draws on the host, an upload, and a device index out of range take
+    the Python route, which draws in program order, snapshots the host tensor, and raises
+    ``check_ordinal``'s error."""
+    q = torch.randn(1, 2, 4, 3, device="neuron")
+    F.scaled_dot_product_attention(q, q, q, dropout_p=0.0)
+    before = _native.record_counts()
+    torch.manual_seed(3)
+    dropped = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5).cpu()
+    torch.manual_seed(3)
+    assert torch.equal(dropped, F.scaled_dot_product_attention(q.cpu(), q.cpu(), q.cpu(), dropout_p=0.5))
+    host = torch.ones(3)
+    host.to("neuron")
+    host.to("neuron")  # an upload: _to_copy of a host tensor
+    assert _native.record_counts() == before
+    torch.full((2,), 1.0, device="neuron")
+    before = _native.record_counts()
+    torch.full((2,), 1.0, device="neuron")  # cached: taken
+    with pytest.raises(RuntimeError, match="neuron:5"):
+        torch.full((2,), 1.0, device="neuron:5")
+    assert _native.record_counts() == before + 1
+
+
+def test_matmuls_reshape_is_a_view_made_in_cpp(monkeypatch):
+    """``matmul`` of a batch by a matrix reshapes its result with ``_unsafe_view`` (a view
+    autograd does not track): a C++ kernel (``views.cpp``), no Python view."""
+    from adaptive_eager_device.ops import dispatch, views
+
+    python_views = []
+    monkeypatch.setattr(dispatch, "run_view", lambda entry, args, kwargs: python_views.append(entry.name)
+                        or views.run_view(entry, args, kwargs))
+    a, b = torch.randn(2, 5, 3), torch.randn(3, 4)
+    got = torch.matmul(a.to("neuron"), b.to("neuron"))
+    assert torch.equal(got.cpu(), torch.matmul(a, b))
+    assert "aten::_unsafe_view" not in python_views
