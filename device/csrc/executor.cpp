@@ -961,6 +961,26 @@ void slot_types(py::object slot, py::object view_slot) {
 
 }  // namespace
 
+// native_op for record.cpp, without the Python call: the Launch as a Python object (a new
+// reference); nullptr and no error set when the op cannot run natively (NotNative: the
+// record itself is then the launch), nullptr and an error set on any other failure.
+PyObject* native_op_launch(PyObject* op, PyObject* args, PyObject* kwargs, PyObject* results, PyObject* guarded,
+                           PyObject* fallback) {
+  try {
+    return py::cast(native_op(op, args, kwargs, results, guarded, py::reinterpret_borrow<py::object>(fallback)))
+        .release()
+        .ptr();
+  } catch (const NotNative&) {
+    return nullptr;
+  } catch (py::error_already_set& error) {
+    error.restore();
+    return nullptr;
+  } catch (const std::exception& error) {
+    PyErr_SetString(PyExc_RuntimeError, error.what());
+    return nullptr;
+  }
+}
+
 void register_executor(py::module& m) {
   py::register_exception<NotNative>(m, "NotNative");
   py::class_<Program, std::shared_ptr<Program>>(m, "Program")

@@ -128,6 +128,9 @@ void add_storage_type(PyObject* module);        // _C.StorageBase, DeviceStorage
 
 // -- the device worker and native launches (executor.cpp) -------------------------------------
 void register_executor(py::module& m);
+// One op's native launch as a Python object (see executor.cpp), for the C recorder.
+PyObject* native_op_launch(PyObject* op, PyObject* args, PyObject* kwargs, PyObject* results, PyObject* guarded,
+                           PyObject* fallback);
 
 // -- the view kernels (views.cpp) ------------------------------------------------------------
 void register_views();  // once, from init()

@@ -358,10 +358,9 @@ struct Handles {
   PyObject* op_record;       // op_record.OpRecord
   PyObject* storage_type;    // storage.DeviceStorage
   PyObject* reference;       // memory.tensor.reference
+  PyObject* view_ref;        // storage.ViewRef
   PyObject* is_internal;     // location.is_internal
   PyObject* no_user_frame;   // location._no_user_frame
-  PyObject* native_op;       // _C.native_op
-  PyObject* not_native;      // _C.NotNative
   PyObject* new_storage;     // _C.new_storage
   PyObject* empty;           // _C.empty
   PyObject* guarded;         // op_record.GUARDED_WRITES (ids of ops)
@@ -421,7 +420,25 @@ struct Call {
       return Py_NewRef(storage);
     }
     nested = true;  // a view's reference resolves with as_strided
-    return checked(PyObject_CallFunctionObjArgs(h.reference, value, signature, storage, Py_False, nullptr));
+    return view_reference(value, signature, storage);
+  }
+
+  // memory.tensor.reference of a tensor that does not cover its storage: a ViewRef of its
+  // place in the storage's allocation, made here in the common case (the storage's dtype,
+  // no conjugate or negative bit, a whole-element offset); Python's otherwise.
+  PyObject* view_reference(PyObject* value, PyObject* signature, PyObject* storage) {
+    const at::Tensor& tensor = THPVariable_Unpack(value);
+    size_t into = 0;  // a storage view's offset in its allocation
+    owner_of(tensor.storage(), &into);
+    auto itemsize = static_cast<size_t>(tensor.element_size());
+    Ref storage_dtype(checked(PyObject_GetAttr(storage, names().dtype)));
+    if (tensor.is_conj() || tensor.is_neg() || into % itemsize != 0 ||
+        storage_dtype.get() != PyTuple_GET_ITEM(signature, 2)) {
+      return checked(PyObject_CallFunctionObjArgs(h.reference, value, signature, storage, Py_False, nullptr));
+    }
+    Ref offset(checked(PyLong_FromLongLong(tensor.storage_offset() + static_cast<int64_t>(into / itemsize))));
+    PyObject* parts[4] = {storage, PyTuple_GET_ITEM(signature, 0), PyTuple_GET_ITEM(signature, 1), offset.get()};
+    return checked(PyObject_Vectorcall(h.view_ref, parts, 4, nullptr));
   }
 
   // Any argument (recorder._convert, and _device_argument for a neuron tensor): its
@@ -752,15 +769,11 @@ PyObject* record_call(Handles& h, Names& n, PyObject* entry, PyObject* args, PyO
     Ref op_id(checked(PyLong_FromVoidPtr(op)));
     int guarded = PySet_Contains(h.guarded, op_id.get());
     check(guarded >= 0);
-    PyObject* launch_args[6] = {op, refs.get(), kwrefs.get(), results.get(), guarded ? writes.get() : Py_None,
-                                record.get()};
-    Ref item(PyObject_Vectorcall(h.native_op, launch_args, 6, nullptr));
+    Ref item(native_op_launch(op, refs.get(), kwrefs.get(), results.get(), guarded ? writes.get() : Py_None,
+                              record.get()));
     if (!item) {
-      if (!PyErr_ExceptionMatches(h.not_native)) {
-        throw py::error_already_set();
-      }
-      PyErr_Clear();
-      item.reset(Py_NewRef(record.get()));
+      check(!PyErr_Occurred());
+      item.reset(Py_NewRef(record.get()));  // not native: the record is the launch (a Python item)
     }
     Ref nbytes(checked(PyObject_GetAttr(cost.get(), n.bytes)));
     Ref time_us(checked(PyObject_GetAttr(cost.get(), n.time_us)));
@@ -819,7 +832,7 @@ PyObject* install(PyObject* /*module*/, PyObject* given) {
   }
   const char* keys[] = {"shape_cache", "inference_type", "queue", "counters", "config", "sink_module",
                         "strict_sink", "profiler", "streams", "cow", "op_record", "storage_type",
-                        "reference", "is_internal", "no_user_frame", "native_op", "not_native",
+                        "reference", "view_ref", "is_internal", "no_user_frame",
                         "new_storage", "empty", "guarded", "recorder"};
   constexpr size_t kCount = sizeof(keys) / sizeof(keys[0]);
   static_assert(kCount * sizeof(PyObject*) == sizeof(Handles), "one key per handle");
@@ -831,15 +844,19 @@ PyObject* install(PyObject* /*module*/, PyObject* given) {
       return nullptr;
     }
   }
-  if (!PyDict_Check(values[0]) || !PyAnySet_Check(values[19])) {
+  Handles given_handles;
+  auto** slots = reinterpret_cast<PyObject**>(&given_handles);
+  for (size_t i = 0; i < kCount; ++i) {
+    slots[i] = values[i];
+  }
+  if (!PyDict_Check(given_handles.shape_cache) || !PyAnySet_Check(given_handles.guarded)) {
     PyErr_SetString(PyExc_TypeError, "install: shape_cache is a dict, guarded a set");
     return nullptr;
   }
-  auto* installed = new Handles();
-  auto** slots = reinterpret_cast<PyObject**>(installed);
   for (size_t i = 0; i < kCount; ++i) {
-    slots[i] = Py_NewRef(values[i]);
+    Py_INCREF(slots[i]);
   }
+  auto* installed = new Handles(given_handles);
   uninstall();
   handles = installed;
   Py_RETURN_NONE;

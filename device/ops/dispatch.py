@@ -30,7 +30,7 @@ from ..hardware.execution_queue import QUEUE
 from ..hardware.profiler import PROFILER
 from ..hardware.streams import STATE as STREAMS
 from ..memory import tensor
-from ..memory.storage import DeviceStorage
+from ..memory.storage import DeviceStorage, ViewRef
 from ..memory.tensor import describe
 from . import recorder, shapes
 from .cow import COW, materialize_written
@@ -181,9 +181,9 @@ def install_native_recorder() -> bool:
         "shape_cache": shapes.SHAPE_CACHE, "inference_type": shapes.Inference, "queue": QUEUE,
         "counters": COUNTERS, "config": CONFIG, "sink_module": sink, "strict_sink": sink.STRICT_SINK,
         "profiler": PROFILER, "streams": STREAMS, "cow": COW, "op_record": op_record.OpRecord,
-        "storage_type": DeviceStorage, "reference": tensor.reference, "is_internal": location.is_internal,
-        "no_user_frame": location._no_user_frame, "native_op": _native.native_op,
-        "not_native": _native.NotNative, "new_storage": _native.new_storage, "empty": _native.empty,
+        "storage_type": DeviceStorage, "reference": tensor.reference, "view_ref": ViewRef,
+        "is_internal": location.is_internal,
+        "no_user_frame": location._no_user_frame, "new_storage": _native.new_storage, "empty": _native.empty,
         "guarded": op_record.GUARDED_WRITES, "recorder": recorder,
     })
     return True

@@ -44,13 +44,15 @@ def program(x, w, ids):
     q = torch.stack([s, s]).unsqueeze(0)
     attended = F.scaled_dot_product_attention(q, q, q)  # the CPU's flash kernel, dropout 0: tagged random
     batched = torch.matmul(torch.stack([s, s]), filled.t())  # its reshape: _unsafe_view, a C++ view
-    return [y, m, s, values, indices, total, picked, masked, out, flag, filled, wide, attended, batched]
+    tail = s[2:] * 2  # a view at an offset
+    bits = s[2:].view(torch.int32) + 1  # another dtype over the bytes (a ReinterpretRef, not native)
+    return [y, m, s, values, indices, total, picked, masked, out, flag, filled, wide, attended, batched, tail, bits]
 
 
 # mul, add, relu, mm, cat, add_, mul_, max.dim, sum.dim_IntList, index_select, gt, where,
 # mul.out, gt, bitwise_and, full, _to_copy, mul, copy_, stack, the flash attention kernel,
-# stack, mm
-KERNEL_CALLS_TAKEN = 23
+# stack, mm, mul, add
+KERNEL_CALLS_TAKEN = 25
 
 
 def _inputs():
@@ -124,8 +126,9 @@ def _canonical(records):
             return (type(value).__name__, tuple(plain(item) for item in value))
         if isinstance(value, torch.Tensor):  # a host snapshot
             return ("host", value.dtype, value.item())
-        if hasattr(value, "storage") and hasattr(value, "offset"):  # a ViewRef
-            return ("view", plain(value.storage), value.shape, value.stride, value.offset)
+        if hasattr(value, "storage") and hasattr(value, "offset"):  # a ViewRef, a ReinterpretRef
+            return (type(value).__name__, plain(value.storage), value.shape, value.stride, value.offset,
+                    getattr(value, "dtype", None))
         return value
 
     first = records[0].issue
