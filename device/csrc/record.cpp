@@ -541,7 +541,7 @@ PyObject* written_storages(PyObject* mutated, PyObject* args, PyObject* kwargs) 
       continue;
     }
     Ref keep;
-    if (PyList_CheckExact(value) || PyTuple_CheckExact(value)) {
+    if (PyList_Check(value) || PyTuple_Check(value)) {  // (isinstance, as recorder._mutated_storages)
       for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(value); ++j) {
         PyObject* storage = storage_or_none(PySequence_Fast_GET_ITEM(value, j), keep);
         if (storage != Py_None) {
@@ -803,6 +803,9 @@ PyObject* record(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) 
     Py_RETURN_NOTIMPLEMENTED;
   } catch (py::error_already_set& error) {
     error.restore();
+    return nullptr;
+  } catch (const std::exception& error) {  // (a C++ error must never leave into the interpreter)
+    PyErr_SetString(PyExc_RuntimeError, error.what());
     return nullptr;
   }
 }
