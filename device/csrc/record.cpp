@@ -171,6 +171,22 @@ bool add_totals(PyObject* totals_by_key, PyObject* key, PyObject* launches, PyOb
   return add_at(totals, 0, launches) && add_at(totals, 1, us) && add_at(totals, 2, bytes);
 }
 
+// fn(item) for each item of an iterable (borrowed); false, with an error set, when the
+// iteration or fn fails.
+template <typename Fn>
+bool each_item(PyObject* iterable, Fn&& fn) {
+  Ref iterator(PyObject_GetIter(iterable));
+  if (!iterator) {
+    return false;
+  }
+  while (Ref item{PyIter_Next(iterator.get())}) {
+    if (!fn(item.get())) {
+      return false;
+    }
+  }
+  return !PyErr_Occurred();
+}
+
 // ExecutionQueue._account: the first launch's simulated start (new reference), or nullptr.
 PyObject* account_launches(PyObject* queue, PyObject* counters, PyObject* count, PyObject* nbytes, PyObject* time_us,
                            PyObject* by_key, PyObject* stream, PyObject* each, PyObject* key, PyObject* launch_us) {
@@ -224,23 +240,13 @@ PyObject* account_launches(PyObject* queue, PyObject* counters, PyObject* count,
     }
   } else {
     Ref running(Py_NewRef(begin));
-    Ref iterator(PyObject_GetIter(each));
-    if (!iterator) {
-      return nullptr;
-    }
-    while (Ref item{PyIter_Next(iterator.get())}) {
-      Ref item_us(PySequence_GetItem(item.get(), 2));
+    bool ok = each_item(each, [&](PyObject* item) {  // (key, bytes, time_us, ops)
+      Ref item_us(PySequence_GetItem(item, 2));
       Ref step(item_us ? PyNumber_Add(item_us.get(), launch_us) : nullptr);
       running.reset(step ? PyNumber_Add(running.get(), step.get()) : nullptr);
-      if (!running) {
-        return nullptr;
-      }
-      Ref appended(PyObject_CallMethodOneArg(ends.get(), n.append, running.get()));
-      if (!appended) {
-        return nullptr;
-      }
-    }
-    if (PyErr_Occurred()) {
+      return running && Ref(PyObject_CallMethodOneArg(ends.get(), n.append, running.get()));
+    });
+    if (!ok) {
       return nullptr;
     }
   }
@@ -253,24 +259,18 @@ PyObject* account_launches(PyObject* queue, PyObject* counters, PyObject* count,
       return nullptr;
     }
   } else {
-    Ref iterator(PyObject_GetIter(by_key));
-    if (!iterator) {
-      return nullptr;
-    }
-    while (Ref item{PyIter_Next(iterator.get())}) {  // (key, launches, us, bytes)
-      if (!PyTuple_Check(item.get()) || PyTuple_GET_SIZE(item.get()) != 4) {
+    bool ok = each_item(by_key, [&](PyObject* item) {  // (key, launches, us, bytes)
+      if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 4) {
         PyErr_SetString(PyExc_TypeError, "account: by_key holds (key, launches, time_us, bytes) tuples");
-        return nullptr;
+        return false;
       }
-      PyObject* launches = PyTuple_GET_ITEM(item.get(), 1);
+      PyObject* launches = PyTuple_GET_ITEM(item, 1);
       Ref key_overhead(PyNumber_Multiply(launches, launch_us));
-      Ref key_us(key_overhead ? PyNumber_Add(PyTuple_GET_ITEM(item.get(), 2), key_overhead.get()) : nullptr);
-      if (!key_us || !add_totals(totals_by_key.get(), PyTuple_GET_ITEM(item.get(), 0), launches, key_us.get(),
-                                 PyTuple_GET_ITEM(item.get(), 3))) {
-        return nullptr;
-      }
-    }
-    if (PyErr_Occurred()) {
+      Ref key_us(key_overhead ? PyNumber_Add(PyTuple_GET_ITEM(item, 2), key_overhead.get()) : nullptr);
+      return key_us && add_totals(totals_by_key.get(), PyTuple_GET_ITEM(item, 0), launches, key_us.get(),
+                                  PyTuple_GET_ITEM(item, 3));
+    });
+    if (!ok) {
       return nullptr;
     }
   }
