@@ -246,16 +246,18 @@ def _checks_while_writing(entry) -> bool:
 
 def _fast_fields(entry):
     """What ``_C.record`` (``device/csrc/record.cpp``, the recorder's common case in C) reads
-    of an entry, or None for an op it never records: one whose call ``record_kernel``
-    handles specially (an allocation, a rewrite, a random op drawing on the host or taking a
-    generator, an indexing op's host checks) or that is not a kernel. A random op without
-    a generator argument (a fused attention kernel, tagged random for its dropout) is
-    recorded like any kernel: it draws from the device's stream on the queue, in order; one
-    the device runs on the host (``rng.HOST_RANDOM``) only when it draws nothing (a fused
-    attention kernel called with ``dropout_p`` 0: its dropout argument is the last field,
-    else None). Of the copies, ``copy_`` into a neuron tensor and ``_to_copy`` of one on the
-    device are kernels too (``dispatch.run_copy``): taken when the first argument is a neuron
-    tensor (the last field)."""
+    of an entry, ``(op, serial, scalar_values_matter, mutated, return_alias, dropout, copy)``,
+    or None for an op it never records: one whose call ``record_kernel`` handles specially
+    (an allocation, a rewrite, a random op drawing on the host or taking a generator, an
+    indexing op's host checks) or that is not a kernel.
+
+    A random op without a generator argument (a fused attention kernel, tagged random for
+    its dropout) is recorded like any kernel: it draws from the device's stream on the
+    queue, in order. One the device runs on the host (``rng.HOST_RANDOM``) is taken only
+    when it draws nothing: ``dropout`` is its ``dropout_p`` argument's (index, name), which
+    must be 0 (else None). Of the copies, ``copy_`` into a neuron tensor and ``_to_copy`` of
+    one on the device are kernels too (``dispatch.run_copy``): ``copy`` is True, and they
+    are taken when the first argument is a neuron tensor."""
     from .index_checks import INDEXING
 
     copy = entry.kind is COPY and entry.op in (aten.copy_.default, aten._to_copy.default)
