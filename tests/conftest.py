@@ -2,6 +2,7 @@
 statistics, and the default switches."""
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
@@ -76,6 +77,31 @@ def windows_at_sync_points(**policy_fields):
     with adaptive_eager.window_policy(min_ops=10**6, max_ops=10**6, **policy_fields) as policy:
         yield policy
     adaptive_eager.clear_caches()
+
+
+@contextlib.contextmanager
+def keeping_records():
+    """A sink that keeps each record (both recorders hand theirs to it, Python's and C's) and
+    launches it as strict eager does; yields the list, strict eager again afterwards."""
+    from adaptive_eager_device.hardware import sink
+
+    records = []
+
+    class Keeping:
+        name = "keeping"
+
+        def record(self, record):
+            records.append(record)
+            sink.STRICT_SINK.record(record)
+
+        def flush(self, reason):
+            pass
+
+    sink.set_sink(Keeping())
+    try:
+        yield records
+    finally:
+        sink.set_sink(sink.STRICT_SINK)
 
 
 @pytest.fixture

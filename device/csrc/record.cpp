@@ -6,8 +6,9 @@
 // A kernel op whose signature hits the shape cache is recorded here: its signature built as
 // recorder._record_call builds it (the same tuple, so one cache serves both paths), its
 // output storages and tensors made, its OpRecord built and handed to the sink. In strict
-// eager the record is launched here too: `_C.native_op`, then the queue's bookkeeping,
-// account() and submit() below, which the Python queue calls as well (one implementation).
+// eager the record is launched here too: its native launch (executor.cpp, native_op_launch),
+// then the queue's bookkeeping, account() and submit() below, which the Python queue calls
+// as well (one implementation).
 // Anything else answers NotImplemented before it has changed anything, and the caller runs
 // the Python recorder: a cache miss, a host tensor, a storage Python has not met, an
 // argument of a kind not handled here, a written storage that another argument shares, a
@@ -626,8 +627,7 @@ bool draws(PyObject* dropout, PyObject* args, PyObject* kwargs) {
     check(!PyErr_Occurred());
     return false;  // the default, 0.0
   }
-  Ref zero(checked(PyFloat_FromDouble(0.0)));
-  int nonzero = PyObject_RichCompareBool(value, zero.get(), Py_NE);
+  int nonzero = PyObject_RichCompareBool(value, names().zero, Py_NE);
   check(nonzero >= 0);
   return nonzero != 0;
 }
@@ -644,21 +644,16 @@ PyObject* record_call(Handles& h, Names& n, PyObject* entry, PyObject* args, PyO
   PyObject* mutated = PyTuple_GET_ITEM(fast.get(), 3);
   PyObject* return_alias = PyTuple_GET_ITEM(fast.get(), 4);
   PyObject* dropout = PyTuple_GET_ITEM(fast.get(), 5);
-  if (dropout != Py_None && draws(dropout, args, kwargs)) {
-    throw Miss();  // it draws on the host (recorder._draws)
+  if (!PyTuple_CheckExact(args) || (kwargs != nullptr && !PyDict_CheckExact(kwargs)) ||
+      observed_or_special(h, n) || (PyTuple_GET_SIZE(mutated) != 0 && truth_of(h.cow, n.live)) ||
+      (dropout != Py_None && draws(dropout, args, kwargs))) {  // (drawing: on the host, recorder._draws)
+    throw Miss();
   }
   if (PyTuple_GET_ITEM(fast.get(), 6) == Py_True) {
-    if (!PyTuple_CheckExact(args) || PyTuple_GET_SIZE(args) == 0) {
-      throw Miss();
-    }
-    Ref first(checked(describe(nullptr, PyTuple_GET_ITEM(args, 0))));
+    Ref first(checked(PyTuple_GET_SIZE(args) != 0 ? describe(nullptr, PyTuple_GET_ITEM(args, 0)) : Py_NewRef(Py_None)));
     if (first.get() == Py_None) {
       throw Miss();  // an upload, or a download into a host tensor
     }
-  }
-  if (!PyTuple_CheckExact(args) || (kwargs != nullptr && !PyDict_CheckExact(kwargs)) ||
-      observed_or_special(h, n) || (PyTuple_GET_SIZE(mutated) != 0 && truth_of(h.cow, n.live))) {
-    throw Miss();
   }
 
   // The signature, as recorder._record_call makes it.

@@ -410,4 +410,3 @@ def allocate(entry, args, kwargs):
     if fill is not None:  # deterministic mode: NaN or the largest value, as ATen's empty writes
         record_kernel(op_entry(aten.fill_.Scalar), (tensor, fill), {})
     return tensor
-

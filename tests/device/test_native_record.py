@@ -10,10 +10,10 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import keeping_records
 
 from adaptive_eager_device import _C as _native
 from adaptive_eager_device.core.counters import COUNTERS
-from adaptive_eager_device.hardware import sink
 from adaptive_eager_device.hardware.execution_queue import QUEUE
 from adaptive_eager_device.memory.storage import DeviceStorage
 from adaptive_eager_device.ops.cow import COW
@@ -98,22 +98,6 @@ def test_it_answers_nothing_with_the_native_recorder_off(strict_mode, without_na
     assert _native.record_counts() == before
 
 
-class _Keeping:
-    """A sink that keeps every record and launches it as strict eager does."""
-
-    name = "keeping"
-
-    def __init__(self):
-        self.records = []
-
-    def record(self, record):
-        self.records.append(record)
-        sink.STRICT_SINK.record(record)
-
-    def flush(self, reason):
-        pass
-
-
 def _canonical(records):
     """The records with their storages numbered in order of first appearance, so two runs'
     records compare by structure."""
@@ -140,13 +124,9 @@ def _canonical(records):
 
 
 def _run_keeping(on_device):
-    keeping = _Keeping()
-    sink.set_sink(keeping)
-    try:
+    with keeping_records() as records:
         results = program(*on_device)
-    finally:
-        sink.set_sink(sink.STRICT_SINK)
-    return keeping.records, results
+    return records, results
 
 
 def test_its_records_are_the_python_recorders(strict_mode):
@@ -236,13 +216,9 @@ def test_its_records_are_left_to_reference_counting(strict_mode):
     done with them, making every full collection walk them."""
     x = torch.ones(3, device="neuron")
     x * 2.0
-    keeping = _Keeping()
-    sink.set_sink(keeping)
-    try:
+    with keeping_records() as records:
         x * 2.0
-    finally:
-        sink.set_sink(sink.STRICT_SINK)
-    (record,) = keeping.records
+    (record,) = records
     for container in (record, record.args, record.kwargs, record.reads, record.writes, record.results,
                       record.location):
         assert not gc.is_tracked(container)

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from conftest import keeping_records
 
 from adaptive_eager_device import _C as _native
 from adaptive_eager_device.core import location
@@ -48,22 +49,9 @@ def test_the_c_walk_is_the_frame_objects_walk():
 
 
 def test_an_op_records_the_users_line_and_a_module_made_internal_is_skipped(monkeypatch, strict_mode):
-    records = []
-    from adaptive_eager_device.hardware import sink
-
-    class Collecting:  # a sink keeping the records (both recorders hand them to it: Python's, C's)
-        def record(self, record):
-            records.append(record)
-
-        def flush(self, reason):
-            pass
-
     x = torch.ones(2, device="neuron")
-    sink.set_sink(Collecting())
-    try:
+    with keeping_records() as records:
         _records_the_users_line(x, records, monkeypatch)
-    finally:
-        sink.set_sink(sink.STRICT_SINK)
 
 
 def _records_the_users_line(x, records, monkeypatch):
