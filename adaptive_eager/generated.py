@@ -11,14 +11,17 @@ As TorchNeuron compiles a NEFF while the first calls run, this module compiles e
 kernel of a replayed graph's plan with ``torch._inductor`` (PyTorch's own CPU code
 generator) on a background thread: the kernel's ops become one FX graph over its input
 storages (traced with fake tensors of the storages' layouts, functionalized, Inductor's
-decompositions), compiled by ``compile_fx_inner``; inputs it writes in place (a static KV
-cache's ``index_copy_``) are written back by the graph's own ``copy_``. Inductor's FX graph
+decompositions), compiled by ``compile_fx_inner`` with Inductor's C++ wrapper
+(``cpp_wrapper``); inputs it writes in place (a static KV cache's ``index_copy_``) are
+written back by the graph's own ``copy_``. Inductor's FX graph
 cache keeps the compiled code on disk (``torch._inductor.config.fx_graph_cache``, under
 ``TORCHINDUCTOR_CACHE_DIR``, by default ``/tmp/torchinductor_<user>/``), so another
 process compiles the same kernel from the cache. Once a plan's kernels are compiled, the
 template's next call builds its program with them (``add_launches(generated=...)``): the
-worker calls a generated kernel with the GIL, once per fused kernel, and its ops' own
-steps stay behind it. If a generated kernel raises, its written inputs are restored, it
+worker calls a generated kernel once per fused kernel, through its C++ entry point without
+the GIL (built so here, see ``_without_gil_release``; the host's Python runs meanwhile),
+or through its Python binding with the GIL where the wrapper calls Python itself; its
+ops' own steps stay behind it. If a generated kernel raises, its written inputs are restored, it
 is turned off for good and the kernel's own steps run, which hand the launch to Python at
 the op that fails: the error names the op and the user's line as before.
 
@@ -36,6 +39,8 @@ custom NKI kernels, the device's own ``neuron::`` ops) keep their kernel out too
 from __future__ import annotations
 
 import atexit
+import contextlib
+import ctypes
 import logging
 import queue as _queue
 import threading
@@ -52,7 +57,7 @@ from .replay_records import Slot, _ViewSlot
 LOG = logging.getLogger("adaptive_eager.generated")
 
 _COUNTS = {"plans_requested": 0, "kernels_compiled": 0, "kernels_refused": 0, "plans_ready": 0}
-_BASE = {"generated_runs": 0, "generated_failures": 0}
+_BASE = {"generated_runs": 0, "generated_failures": 0, "generated_runs_without_gil": 0}
 _JOBS: "_queue.Queue" = _queue.Queue()
 _THREAD = None
 _LOCK = threading.Lock()
@@ -112,7 +117,8 @@ def wait(timeout: float | None = None) -> bool:
 
 def counts() -> dict:
     """The statistics: plans and kernels compiled, and the generated kernels the worker ran
-    (``generated_runs``) and turned off after they raised (``generated_failures``)."""
+    (``generated_runs``; ``generated_runs_without_gil``: of those, through their C++ entry
+    point) and turned off after they raised (``generated_failures``)."""
     native = QUEUE.native_counts()
     return dict(_COUNTS, **{name: native.get(name, 0) - _BASE[name] for name in _BASE})
 
@@ -285,9 +291,89 @@ def _compile_kernel(templates, spec, layouts, threads: int):
         from torch._inductor import config as inductor_config
 
         with torch._guards.tracing(torch._guards.TracingContext(fake_mode)), \
-                inductor_config.patch({"cpp.threads": threads}):
-            compiled = compile_fx_inner(gm, fakes)
-    return _Kernel(compiled), tuple(inputs), tuple(outputs), tuple(written)
+                inductor_config.patch({"cpp.threads": threads}), _entry_points_without_gil():
+            compiled = compile_fx_inner(gm, fakes, cpp_wrapper=True)
+    return _Kernel(compiled, len(outputs)), tuple(inputs), tuple(outputs), tuple(written)
+
+
+# The C++ wrapper Inductor writes (cpp_wrapper) is one function, inductor_entry_impl(input
+# handles, output handles), that runs every kernel of the graph. Its Python binding calls
+# it with the GIL, and it begins by releasing the GIL; the device worker calls it with no
+# GIL at all (executor.cpp, Generated::entry), so the graph runs while the host runs
+# Python. It is compiled here without that release: a copy of the wrapper's source with
+# the one line removed (a source of its own, so it is built and cached apart from the
+# wrapper Inductor would build), and only when nothing else in it touches Python (a
+# fallback op called through Python would).
+_GIL_RELEASE = "py::gil_scoped_release_simple release;"
+_ENTRY_BEGIN, _ENTRY_END = "void inductor_entry_impl(", "} // inductor_entry_impl"
+_ENTRY_SYMBOL = "_Z19inductor_entry_implPP16AtenTensorOpaqueS1_"  # (Itanium C++ ABI: g++ and clang)
+_ENTRY_LIBRARIES: set = set()  # the libraries built that way (their files)
+
+
+def _without_gil_release(source: str):
+    """The wrapper's source without its GIL release, or None when its entry point is not
+    one that runs without Python."""
+    begin, end = source.find(_ENTRY_BEGIN), source.find(_ENTRY_END)
+    if begin < 0 or end < begin or source.count(_GIL_RELEASE) != 1:
+        return None
+    body = source[begin:end].replace(_GIL_RELEASE, "")
+    if _GIL_RELEASE in body or "Py" in body or "py::" in body:
+        return None
+    return source.replace(_GIL_RELEASE, "")
+
+
+@contextlib.contextmanager
+def _entry_points_without_gil():
+    """While this thread compiles: Inductor's C++ wrappers are built without their GIL
+    release (``_without_gil_release``), and the libraries so built are noted. Other
+    threads' compiles are untouched (and Dynamo's compile lock, held around this one,
+    keeps them out meanwhile)."""
+    from torch._inductor.codecache import CppWrapperCodeCache
+
+    owner = threading.get_ident()
+    own = "load_pybinding_async" in CppWrapperCodeCache.__dict__
+    inherited = CppWrapperCodeCache.load_pybinding_async.__func__
+
+    def load_pybinding_async(cls, argtypes, main_code, *args, **kwargs):
+        changed = _without_gil_release(main_code) if threading.get_ident() == owner else None
+        future = inherited(cls, argtypes, main_code if changed is None else changed, *args, **kwargs)
+        if changed is None:
+            return future
+
+        def loaded():
+            function = future()
+            path = getattr(getattr(function, "__self__", None), "__file__", None)
+            if path:
+                _ENTRY_LIBRARIES.add(path)
+            return function
+
+        return loaded
+
+    CppWrapperCodeCache.load_pybinding_async = classmethod(load_pybinding_async)
+    try:
+        yield
+    finally:
+        if own:
+            CppWrapperCodeCache.load_pybinding_async = classmethod(inherited)
+        else:
+            del CppWrapperCodeCache.load_pybinding_async
+
+
+def _native_entry(compiled, outputs: int):
+    """The address of a compiled graph's C++ entry point, when it was built to run without
+    the GIL and is called with exactly the graph's inputs; else None (the worker calls
+    the Python callable)."""
+    if compiled.constants or len(getattr(compiled, "output_strides", None) or ()) != outputs:
+        return None
+    for cell in getattr(compiled.current_callable, "__closure__", None) or ():
+        function = cell.cell_contents
+        path = getattr(getattr(function, "__self__", None), "__file__", None)
+        if path in _ENTRY_LIBRARIES:
+            try:
+                return ctypes.cast(getattr(ctypes.CDLL(path), _ENTRY_SYMBOL), ctypes.c_void_p).value
+            except (AttributeError, OSError):
+                return None
+    return None
 
 
 def _functionalized(body, written_at):
@@ -328,12 +414,14 @@ def _flatten(result):
 
 class _Kernel:
     """The generated kernel's call, as the worker makes it: a list of input tensors ->
-    the result tensors (a tuple)."""
+    the result tensors (a tuple); ``native_entry``: the address of its C++ entry point,
+    which the worker calls instead, without the GIL (None: there is none)."""
 
-    __slots__ = ("compiled",)
+    __slots__ = ("compiled", "native_entry")
 
-    def __init__(self, compiled) -> None:
+    def __init__(self, compiled, outputs: int) -> None:
         self.compiled = compiled
+        self.native_entry = _native_entry(compiled, outputs)
 
     def __call__(self, inputs: list):
         with torch.no_grad():

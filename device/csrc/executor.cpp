@@ -35,6 +35,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty_strided.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/inductor/aoti_torch/utils.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/api/compilation_unit.h>
 #include <torch/csrc/jit/api/function_impl.h>
@@ -76,11 +77,16 @@ struct Arg {
 
 // A generated kernel (compiled mode: a fused group compiled by Inductor's CPU code
 // generator, adaptive_eager/generated.py): a Python callable of the group's input tensors
-// (a list) returning its outputs. The worker calls it with the GIL, once per group; if it
-// raises, the written inputs are restored, it is turned off, and the group's own steps run
-// (which hand the launch to Python at the op that fails, as without it).
+// (a list) returning its outputs, and, when Inductor wrote its wrapper in C++ with no
+// Python in it, that wrapper's entry point (`native_entry`: inductor_entry_impl, input
+// handles stolen, output handles returned), which the worker calls without the GIL. Else
+// the worker calls the Python callable with the GIL, once per group. If it raises, the
+// written inputs are restored, it is turned off, and the group's own steps run (which
+// hand the launch to Python at the op that fails, as without it).
 struct Generated {
-  PyObject* callable = nullptr;  // owned
+  using Entry = void (*)(AtenTensorHandle* inputs, AtenTensorHandle* outputs);
+  PyObject* callable = nullptr;  // owned (it keeps the entry's library loaded)
+  Entry entry = nullptr;
   std::atomic<bool> off{false};
   ~Generated() {
     if (callable != nullptr && python_alive()) {
@@ -453,6 +459,10 @@ class Builder {
     Step step;
     auto kernel = std::make_shared<Generated>();
     kernel->callable = callable.inc_ref().ptr();
+    py::object entry = py::getattr(callable, "native_entry", py::none());
+    if (!entry.is_none()) {
+      kernel->entry = reinterpret_cast<Generated::Entry>(entry.cast<uintptr_t>());
+    }
     step.generated = std::move(kernel);
     for (py::handle slot : inputs) {
       Arg arg;
@@ -672,6 +682,7 @@ struct Queue : std::enable_shared_from_this<Queue> {
   std::atomic<int64_t> fallbacks{0};
   std::atomic<int64_t> generated_runs{0};      // generated kernels run
   std::atomic<int64_t> generated_failures{0};  // generated kernels that raised (then off)
+  std::atomic<int64_t> generated_without_gil{0};  // of generated_runs: the C++ entry, no GIL taken
   std::atomic<int64_t> native_ns{0};  // time the worker spent running native launches
   std::atomic<int> worker_threads{0};
   std::atomic<bool> has_thread{false};
@@ -799,28 +810,14 @@ struct Queue : std::enable_shared_from_this<Queue> {
       for (int32_t slot : step.guarded) {
         saved.push_back(run.value(slot).clone());
       }
-      py::gil_scoped_acquire gil;
-      try {
-        py::list list(inputs.size());
-        for (size_t i = 0; i < inputs.size(); ++i) {
-          PyObject* wrapped = THPVariable_Wrap(unshared(inputs[i]));
-          if (wrapped == nullptr) {
-            throw py::error_already_set();
-          }
-          PyList_SET_ITEM(list.ptr(), static_cast<Py_ssize_t>(i), wrapped);
+      if (step.generated->entry != nullptr) {
+        ran = run_entry(step, inputs, results);
+        if (ran) {
+          generated_without_gil.fetch_add(1, std::memory_order_relaxed);
         }
-        py::object returned = py::reinterpret_borrow<py::object>(step.generated->callable)(list);
-        for (py::handle item : returned) {
-          TORCH_CHECK(THPVariable_Check(item.ptr()), "a generated kernel returned a non-tensor");
-          results.emplace_back(unshared(THPVariable_Unpack(item.ptr())));
-        }
-        TORCH_CHECK(results.size() == step.outs.size(), "a generated kernel returned ", results.size(),
-                    " tensors, ", step.outs.size(), " expected");
-        ran = true;
-      } catch (py::error_already_set&) {
-        results.clear();  // (the error is dropped with the GIL held)
-      } catch (const std::exception&) {
-        results.clear();
+      } else {
+        py::gil_scoped_acquire gil;
+        ran = run_callable(step, inputs, results);
       }
     } catch (const std::exception&) {
       ran = false;
@@ -835,6 +832,64 @@ struct Queue : std::enable_shared_from_this<Queue> {
     }
     step.generated->off.store(true, std::memory_order_release);
     generated_failures.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+
+  // The C++ wrapper's entry, without the GIL: each input a new handle (the entry steals
+  // it), each output handle taken back. False (nothing stored) if it throws.
+  static bool run_entry(const Step& step, const std::vector<at::Tensor>& inputs, torch::jit::Stack& results) {
+    std::vector<AtenTensorHandle> in(inputs.size(), nullptr);
+    std::vector<AtenTensorHandle> out(step.outs.size(), nullptr);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      in[i] = torch::aot_inductor::new_tensor_handle(at::Tensor(inputs[i]));
+    }
+    bool ran = true;
+    try {
+      step.generated->entry(in.data(), out.data());
+    } catch (const std::exception&) {
+      ran = false;
+    }
+    for (AtenTensorHandle handle : out) {
+      if (handle == nullptr) {
+        ran = false;
+        continue;
+      }
+      at::Tensor* tensor = torch::aot_inductor::tensor_handle_to_tensor_pointer(handle);
+      if (ran) {
+        results.emplace_back(std::move(*tensor));
+      }
+      delete tensor;
+    }
+    if (!ran) {
+      results.clear();
+    }
+    return ran;
+  }
+
+  // The Python callable, with the GIL held by the caller.
+  static bool run_callable(const Step& step, const std::vector<at::Tensor>& inputs, torch::jit::Stack& results) {
+    try {
+      py::list list(inputs.size());
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        PyObject* wrapped = THPVariable_Wrap(unshared(inputs[i]));
+        if (wrapped == nullptr) {
+          throw py::error_already_set();
+        }
+        PyList_SET_ITEM(list.ptr(), static_cast<Py_ssize_t>(i), wrapped);
+      }
+      py::object returned = py::reinterpret_borrow<py::object>(step.generated->callable)(list);
+      for (py::handle item : returned) {
+        TORCH_CHECK(THPVariable_Check(item.ptr()), "a generated kernel returned a non-tensor");
+        results.emplace_back(unshared(THPVariable_Unpack(item.ptr())));
+      }
+      TORCH_CHECK(results.size() == step.outs.size(), "a generated kernel returned ", results.size(),
+                  " tensors, ", step.outs.size(), " expected");
+      return true;
+    } catch (py::error_already_set&) {
+      results.clear();  // (the error is dropped with the GIL held)
+    } catch (const std::exception&) {
+      results.clear();
+    }
     return false;
   }
 
@@ -1014,6 +1069,7 @@ void register_executor(py::module& m) {
         counts["fallbacks"] = q.fallbacks.load();
         counts["generated_runs"] = q.generated_runs.load();
         counts["generated_failures"] = q.generated_failures.load();
+        counts["generated_runs_without_gil"] = q.generated_without_gil.load();
         counts["native_us"] = q.native_ns.load() / 1000.0;
         counts["worker_threads"] = q.worker_threads.load();
         return counts;

@@ -1,14 +1,16 @@
 """Compiled mode's fused kernels as Inductor-generated CPU code (adaptive_eager/generated.py):
 compiled in the background once a graph replays, swapped in when ready, results equal to
 the CPU within tolerance, the plan's statistics unchanged, a failure inside a generated
-kernel still names the op and the user's line (written inputs restored), and the compiled
-code comes from Inductor's disk cache in another process."""
+kernel still names the op and the user's line (written inputs restored), the worker runs
+them through their C++ entry point without taking the GIL, and the compiled code comes
+from Inductor's disk cache in another process."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 
 import pytest
@@ -19,6 +21,7 @@ import adaptive_eager
 from adaptive_eager import generated
 from adaptive_eager_device.core.config import CONFIG
 from adaptive_eager_device.core.counters import COUNTERS
+from adaptive_eager_device.hardware.execution_queue import QUEUE
 
 WAIT_S = 600  # a cold Inductor compile on a loaded two-core machine
 
@@ -33,8 +36,8 @@ def inductor_on():
     torch._dynamo.reset()
 
 
-def runs():
-    return adaptive_eager.stats()["compiled"]["generated_kernels"]["generated_runs"]
+def runs(key="generated_runs"):
+    return adaptive_eager.stats()["compiled"]["generated_kernels"][key]
 
 
 class Block(nn.Module):
@@ -96,11 +99,40 @@ def test_static_cache_generate_with_generated_kernels_equals_cpu(tiny_static_lla
         warnings.simplefilter("ignore")  # transformers asks for Inductor: compiled for neuron instead
         first = model.generate(ids.to("neuron"), max_new_tokens=6, do_sample=False, cache_implementation="static")
         assert generated.wait(WAIT_S)
-        before = runs()
+        before, without_gil = runs(), runs("generated_runs_without_gil")
         got = model.generate(ids.to("neuron"), max_new_tokens=6, do_sample=False, cache_implementation="static")
     assert torch.equal(first.cpu(), expected)
     assert torch.equal(got.cpu(), expected)
     assert runs() - before >= 5, adaptive_eager.stats()["compiled"]["generated_kernels"]  # each decoding step
+    assert runs("generated_runs_without_gil") - without_gil == runs() - before  # every one in C++
+
+
+def test_the_worker_runs_a_generated_kernel_while_the_host_holds_the_gil():
+    """The host keeps the GIL (pure Python, no switch for a minute) while the worker runs
+    the graph's generated kernel: it finishes only if the worker never asks for the GIL."""
+    fn = torch.compile(lambda x, y: ((x @ y).relu() * 2.0 + 1.0).sum(0))
+    x = torch.randn(64, 64, device="neuron")
+    for _ in range(2):
+        fn(x, x).cpu()
+    assert generated.wait(WAIT_S)
+    fn(x, x).cpu()
+    worker = QUEUE._worker
+    before = runs("generated_runs_without_gil")
+    out = fn(x, x)
+    target = worker.completed + 1  # (nothing else is queued: the .cpu() above drained it)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
+    try:
+        QUEUE.ring()
+        deadline = time.perf_counter() + 20.0
+        while worker.completed < target and time.perf_counter() < deadline:
+            pass
+        done = worker.completed >= target
+    finally:
+        sys.setswitchinterval(switch)
+    assert done, "the worker waited for the GIL"
+    assert runs("generated_runs_without_gil") == before + 1
+    torch.testing.assert_close(out.cpu(), ((x.cpu() @ x.cpu()).relu() * 2.0 + 1.0).sum(0))
 
 
 def cache_write(cache, pos, value, rows):
@@ -148,7 +180,7 @@ CHILD = textwrap.dedent("""
     assert torch.allclose(out, f(x.cpu(), x.cpu()))
     stats = adaptive_eager.stats()["compiled"]["generated_kernels"]
     from torch._dynamo.utils import counters
-    print("RESULT", stats["kernels_compiled"], stats["generated_runs"], counters["inductor"]["fxgraph_cache_hit"])
+    print("RESULT", stats["kernels_compiled"], stats["generated_runs_without_gil"], counters["inductor"]["fxgraph_cache_hit"])
 """)
 
 
