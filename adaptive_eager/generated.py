@@ -291,8 +291,13 @@ def _compile_kernel(templates, spec, layouts, threads: int):
         from torch._inductor import config as inductor_config
 
         with torch._guards.tracing(torch._guards.TracingContext(fake_mode)), \
-                inductor_config.patch({"cpp.threads": threads}), _entry_points_without_gil():
-            compiled = compile_fx_inner(gm, fakes, cpp_wrapper=True)
+                inductor_config.patch({"cpp.threads": threads}):
+            try:
+                with _entry_points_without_gil():
+                    compiled = compile_fx_inner(gm, fakes, cpp_wrapper=True)
+            except Exception:  # noqa: BLE001 - a graph the C++ wrapper cannot take: the Python one
+                LOG.debug("fused kernel %s: no C++ wrapper", spec.name, exc_info=True)
+                compiled = compile_fx_inner(gm, fakes)
     return _Kernel(compiled, len(outputs)), tuple(inputs), tuple(outputs), tuple(written)
 
 
