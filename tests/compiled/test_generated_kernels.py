@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import warnings
 
@@ -140,6 +141,56 @@ def test_the_worker_runs_a_generated_kernel_while_the_host_holds_the_gil():
 def cache_write(cache, pos, value, rows):
     cache.index_copy_(0, pos, value * 2.0)
     return (cache * 0.5).index_select(0, rows) + 1.0  # the line a failure names
+
+
+WRAPPER = """
+#include <torch/csrc/inductor/cpp_wrapper/cpu.h>
+void inductor_entry_impl(AtenTensorHandle* input_handles, AtenTensorHandle* output_handles) {
+    py::gil_scoped_release_simple release;
+    auto inputs = steal_from_raw_handles_to_raii_handles(input_handles, 1);
+    BODY
+} // inductor_entry_impl
+static PyObject* inductor_entry_cpp_py(PyObject* self, PyObject* args) { return nullptr; }
+"""
+
+
+def test_only_a_wrapper_with_no_python_in_its_entry_point_loses_its_gil_release():
+    plain = WRAPPER.replace("BODY", "output_handles[0] = inputs[0].release();")
+    changed = generated._without_gil_release(plain)
+    assert changed == plain.replace("py::gil_scoped_release_simple release;", "")
+    assert "PyObject" in changed  # (the binding after the entry point stays as it was)
+    calls_python = WRAPPER.replace("BODY", "RAIIPyObject op(PyObject_GetAttrString(module, \"op\"));")
+    assert generated._without_gil_release(calls_python) is None
+    assert generated._without_gil_release(plain.replace("} // inductor_entry_impl", "}")) is None
+
+
+def test_the_gil_release_is_removed_only_for_the_compiling_thread_and_only_while_it_compiles():
+    from torch._inductor.codecache import CppWrapperCodeCache
+
+    seen = []
+
+    def record(cls, argtypes, main_code, *args, **kwargs):
+        seen.append(main_code)
+        return lambda: None
+
+    saved = CppWrapperCodeCache.__dict__.get("load_pybinding_async")
+    CppWrapperCodeCache.load_pybinding_async = classmethod(record)  # stands for Inductor's build
+    try:
+        source = WRAPPER.replace("BODY", "output_handles[0] = inputs[0].release();")
+        with generated._entry_points_without_gil():
+            CppWrapperCodeCache.load_pybinding_async([], source)
+            other = threading.Thread(target=CppWrapperCodeCache.load_pybinding_async, args=([], source))
+            other.start()
+            other.join()
+        assert CppWrapperCodeCache.__dict__["load_pybinding_async"].__func__ is record  # restored
+        CppWrapperCodeCache.load_pybinding_async([], source)
+    finally:
+        if saved is None:
+            del CppWrapperCodeCache.load_pybinding_async
+        else:
+            CppWrapperCodeCache.load_pybinding_async = saved
+    release = "py::gil_scoped_release_simple release;"
+    assert [release in code for code in seen] == [False, True, True]
 
 
 def test_a_failure_inside_a_generated_kernel_names_the_op_and_line_and_restores_written_inputs():
