@@ -13,17 +13,17 @@ generator) on a background thread: the kernel's ops become one FX graph over its
 storages (traced with fake tensors of the storages' layouts, functionalized, Inductor's
 decompositions), compiled by ``compile_fx_inner`` with Inductor's C++ wrapper
 (``cpp_wrapper``); inputs it writes in place (a static KV cache's ``index_copy_``) are
-written back by the graph's own ``copy_``. Inductor's FX graph
-cache keeps the compiled code on disk (``torch._inductor.config.fx_graph_cache``, under
+written back by the graph's own ``copy_``. Inductor's FX graph cache keeps the compiled
+code on disk (``torch._inductor.config.fx_graph_cache``, under
 ``TORCHINDUCTOR_CACHE_DIR``, by default ``/tmp/torchinductor_<user>/``), so another
 process compiles the same kernel from the cache. Once a plan's kernels are compiled, the
 template's next call builds its program with them (``add_launches(generated=...)``): the
 worker calls a generated kernel once per fused kernel, through its C++ entry point without
 the GIL (built so here, see ``_without_gil_release``; the host's Python runs meanwhile),
 or through its Python binding with the GIL where the wrapper calls Python itself; its
-ops' own steps stay behind it. If a generated kernel raises, its written inputs are restored, it
-is turned off for good and the kernel's own steps run, which hand the launch to Python at
-the op that fails: the error names the op and the user's line as before.
+ops' own steps stay behind it. If a generated kernel raises, its written inputs are
+restored, it is turned off for good and the kernel's own steps run, which hand the launch
+to Python at the op that fails: the error names the op and the user's line as before.
 
 What does not change: the plan, its launches and their accounting (simulated device time,
 kernel counts, the statistics are the plan's, taken on the host), failures pending,
@@ -321,8 +321,9 @@ def _without_gil_release(source: str):
     begin, end = source.find(_ENTRY_BEGIN), source.find(_ENTRY_END)
     if begin < 0 or end < begin or source.count(_GIL_RELEASE) != 1:
         return None
-    body = source[begin:end].replace(_GIL_RELEASE, "")
-    if _GIL_RELEASE in body or "Py" in body or "py::" in body:
+    body = source[begin:end]
+    rest = body.replace(_GIL_RELEASE, "")
+    if rest == body or "Py" in rest or "py::" in rest:  # (the release is the entry point's)
         return None
     return source.replace(_GIL_RELEASE, "")
 

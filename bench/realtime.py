@@ -246,9 +246,10 @@ def _neuron_stats() -> dict:
 
         stats = adaptive_eager.stats()
         compiled = stats.get("compiled", {})
+        generated = compiled.get("generated_kernels") or {}
         return {"kernels_launched": stats.get("kernels_launched"), "ops_recorded": stats.get("ops_recorded"),
-                "generated_runs": (compiled.get("generated_kernels") or {}).get("generated_runs"),
-                "generated_runs_without_gil": (compiled.get("generated_kernels") or {}).get("generated_runs_without_gil"),
+                "generated_runs": generated.get("generated_runs"),
+                "generated_runs_without_gil": generated.get("generated_runs_without_gil"),
                 "fallback_ops": sum((stats.get("fallback_ops") or {}).values()),
                 "graph_calls": compiled.get("graph_calls"), "replays": compiled.get("replays"),
                 "recompiles": (compiled.get("recompiles") or {}).get("total")}

@@ -6,10 +6,10 @@
 Builds the model as ``bench/realtime.py`` does (``realtime.build``), runs ``--warmup``
 steps (compiling, planning, building kernels), then ``--steps`` timed steps (compiled
 modes: after waiting for the fused kernels Inductor generates in the background), and
-prints per step: wall ms, the host's CPU ms (the process's CPU time less the device worker's), the
-device worker thread's CPU ms, and the garbage collections that ran (count and ms, from
-``gc.callbacks``), as medians. ``--cprofile PATH`` profiles the timed steps only (cProfile
-sees the host thread). ``--ready FILE`` writes the process id to FILE when the timed steps
+prints per step: wall ms, the host's CPU ms (the process's CPU time less the device
+worker's), the device worker thread's CPU ms, and the garbage collections that ran (count
+and ms, from ``gc.callbacks``), as medians. ``--cprofile PATH`` profiles the timed steps
+only (cProfile sees the host thread). ``--ready FILE`` writes the process id to FILE when the timed steps
 start, so a sampling profiler can attach for the steady state only; on SIGTERM the timed
 steps stop and the figures of those that ran are printed (for the profile's steps per second)::
 

@@ -162,6 +162,9 @@ def test_only_a_wrapper_with_no_python_in_its_entry_point_loses_its_gil_release(
     calls_python = WRAPPER.replace("BODY", "RAIIPyObject op(PyObject_GetAttrString(module, \"op\"));")
     assert generated._without_gil_release(calls_python) is None
     assert generated._without_gil_release(plain.replace("} // inductor_entry_impl", "}")) is None
+    release = "py::gil_scoped_release_simple release;"
+    elsewhere = plain.replace(f"    {release}\n", "") + release  # a release outside the entry point
+    assert generated._without_gil_release(elsewhere) is None
 
 
 def test_the_gil_release_is_removed_only_for_the_compiling_thread_and_only_while_it_compiles():
