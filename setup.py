@@ -12,7 +12,7 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension  # noqa: E402
 
 SOURCES = [
     f"device/csrc/{name}.cpp"
-    for name in ("memory", "hooks", "hot_path", "record", "views", "sparse", "cells", "cow", "executor", "profiler", "module")
+    for name in ("memory", "host_pool", "hooks", "hot_path", "record", "views", "sparse", "cells", "cow", "executor", "profiler", "module")
 ]
 # profiler.cpp: the Kineto headers the torch wheel ships, and the defines they need
 # (USE_KINETO: privateuse1_profiler.h is empty without it; KINETO_NAMESPACE: output_base.h;

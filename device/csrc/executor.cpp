@@ -913,6 +913,7 @@ struct Queue : std::enable_shared_from_this<Queue> {
     q.thread = pthread_self();
     q.has_thread.store(true, std::memory_order_release);
     at::init_num_threads();  // the intra-op threads torch.set_num_threads asks for, on this thread too
+    enter_host_pool();       // its kernels' blocks come from the pool (host_pool.cpp)
     while (true) {
       std::vector<Item> batch;
       {

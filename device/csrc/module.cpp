@@ -11,6 +11,8 @@
 //   storage resizing (`storage.resize_`); pinned host memory (`pin_memory()`,
 //   `is_pinned()`); the device indices and the current device per thread; the
 //   callbacks into the Python device.
+// - host_pool.cpp: the host memory the device worker's kernels allocate, a caching pool
+//   (glibc would map and fault in a fresh heap for a step's temporaries every step).
 // - hooks.cpp: generators (`torch.Generator(device="neuron")` draws through a CPU twin,
 //   whose state waits for the queue), the PrivateUse1 hooks and the device guard
 //   (`neuron:0` .. `neuron:<count-1>`, one shared queue, so default streams and no-op
@@ -126,6 +128,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "The PrivateUse1 hooks of the simulated neuron device that Python cannot reach (see device/csrc/module.cpp)";
   m.def("init", &neuron::init);
   m.def("attach", &neuron::attach);
+  m.def("release_host_pool", &neuron::release_host_pool);
+  m.def("host_pool_stats", &neuron::host_pool_stats);
   m.def("side_of", &neuron::side_of);
   m.def("regrow", &neuron::regrow);
   m.def("twin", &neuron::twin);

@@ -2,6 +2,7 @@
 //
 // - memory.cpp:   device indices, the callbacks into the Python device, device memory (the
 //                 allocator, the address map, storage resizing) and pinned host memory;
+// - host_pool.cpp: the caching pool of host memory the device worker's kernels allocate;
 // - hooks.cpp:    generators, the PrivateUse1 hooks, the device guard, and init();
 // - hot_path.cpp: the calls on the per-op hot path (`describe`, `empty`) and the kernel
 //                 boundary (`user_facing`);
@@ -83,6 +84,13 @@ void resize_storage_bytes(const c10::Storage& storage, size_t newsize);
 c10::Allocator* device_allocator();
 // Whether a DataPtr is one the device allocator made (its context an Owner).
 bool is_owner_data_ptr(const c10::DataPtr& data_ptr);
+
+// -- the device worker's host memory (host_pool.cpp) ----------------------------------------
+// On a device worker's thread, at its start: its kernels' blocks come from the pool (the
+// pool's allocator is installed over the CPU one the first time).
+void enter_host_pool();
+void release_host_pool();   // free the cached blocks (torch.neuron.empty_cache)
+py::dict host_pool_stats();  // in use, peak, cached bytes; hits, misses, releases
 
 // -- copy-on-write lazy clones (cow.cpp) ----------------------------------------------------
 // A storage sharing its bytes copy-on-write gives up its share (copying them on the device

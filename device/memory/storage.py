@@ -66,7 +66,9 @@ def _libc_malloc_function(name: str):
 
 
 def keep_freed_memory() -> bool:
-    """The device's memory pool, as CUDA's caching allocator keeps freed blocks for reuse.
+    """The host thread's part of the device's memory pool, as CUDA's caching allocator keeps
+    freed blocks for reuse (the worker's kernels allocate from a pool of their own:
+    ``device/csrc/host_pool.cpp``).
 
     The simulated device's memory is host memory from the C allocator. By default glibc
     maps each block over 128 KiB afresh and returns freed memory to the OS, so every
@@ -81,7 +83,9 @@ def keep_freed_memory() -> bool:
 
 
 def release_freed_memory() -> None:
-    """Return the pool's free memory to the OS (``torch.neuron.empty_cache``)."""
+    """Return the pools' free memory to the OS (``torch.neuron.empty_cache``): the worker's
+    cached blocks, then the heap's free memory."""
+    _native.release_host_pool()
     trim = _libc_malloc_function("malloc_trim")
     if trim is not None:
         trim(0)
