@@ -55,6 +55,7 @@ from . import replay
 from .host_split import split_host_part
 from .reinplace import inputs_distinct, reinplace_input_mutations
 from .statistics import COMPILED
+from .policies import POLICIES
 from .window import AdaptiveSink, WindowPolicy
 
 _GRAPH_IDS = itertools.count()
@@ -67,6 +68,9 @@ class _WholeGraph(WindowPolicy):
 
     max_ops = min_ops = sys.maxsize
     policy = "ours"  # a compiled graph is planned whole by our rules, whatever adaptive eager's policy
+
+    def limits(self) -> tuple:
+        return POLICIES[self.policy], self.max_ops, self.min_ops, self.shallow_us
 
 
 class _GraphSink(AdaptiveSink):

@@ -84,6 +84,12 @@ class WindowPolicy:
         """The policy's row of ``policies.POLICIES``."""
         return POLICIES[self.policy]
 
+    def limits(self) -> tuple:
+        """``(rules, max_ops, min_ops, shallow_us)`` in one call (the window reads them per
+        op; each property is a Python call)."""
+        config = CONFIG
+        return POLICIES[config.adaptive_policy], config.window_ops, config.min_window_ops, config.shallow_us
+
 
 def structure_key(ops, referenced=None) -> tuple:
     """A window's plan-cache key, flat: ``(parts, later)``.
@@ -157,8 +163,7 @@ class AdaptiveSink:
         kind = self.kind_by_op.get(id(op))
         if kind is None:
             kind = self.kind_by_op[id(op)] = category(op)
-        policy = self.policy
-        rules = policy.rules
+        rules, max_ops, min_ops, shallow_us = self.policy.limits()
         if kind is BARRIER:
             self.flush(Flush.BARRIER.of(record.name))
             self._launch_single(record)
@@ -179,7 +184,7 @@ class AdaptiveSink:
             return
         records = self.records
         count = len(records)
-        if count >= (rules.max_ops or policy.max_ops):
+        if count >= (rules.max_ops or max_ops):
             self.flush(Flush.WINDOW_FULL)
             records = self.records
         elif rules.low_water_kernels is not None:
@@ -187,7 +192,7 @@ class AdaptiveSink:
                 self.flush(Flush.QUEUE_SHALLOW)
                 self._launch_single(record)
                 return
-        elif count >= policy.min_ops and QUEUE.backlog_us() <= policy.shallow_us and not (
+        elif count >= min_ops and QUEUE.device_free_us - QUEUE.host_us <= shallow_us and not (  # backlog_us()
             kind is FOREACH and self.kind_by_op.get(id(records[-1].op)) is FOREACH
         ):  # (a multi-tensor chain, an optimizer step, stays in one window: one kernel)
             self.flush(Flush.QUEUE_SHALLOW)  # the device is starved

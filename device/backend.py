@@ -106,14 +106,25 @@ def _make_handler():
         finally:
             release()
 
+    # The same in C, without these Python frames, for the kernels registered through
+    # _C.fast_kernel (hot_path.cpp), when nothing above is Python's to check
+    if checked and native_record is not None:
+        _native.set_fast_path(acquire, release, _entry_of, run)
+    else:
+        _native.set_fast_path(None, None, None, None)
     return handle
 
 
-def _boxed_fallback(op, *args, **kwargs):
-    entry = _ENTRY_BY_ID.get(id(op))  # id(): an OpOverload hashes in Python
+def _entry_of(op):
+    """``op``'s OpEntry, made once (kept by id(): an OpOverload hashes in Python)."""
+    entry = _ENTRY_BY_ID.get(id(op))
     if entry is None:
         entry = _ENTRY_BY_ID[id(op)] = op_entry(op)
-    return _handle(entry, args, kwargs)
+    return entry
+
+
+def _boxed_fallback(op, *args, **kwargs):
+    return _handle(_entry_of(op), args, kwargs)
 
 
 _ENTRY_BY_ID: dict = {}
@@ -127,7 +138,7 @@ def _dense_kernel(op):
     def kernel(*args, **kwargs):
         nonlocal entry
         if entry is None:
-            entry = op_entry(op)
+            entry = _entry_of(op)
         return _handle(entry, args, kwargs)
 
     return kernel
@@ -180,7 +191,7 @@ def _refuse_quantized(op, *args, **kwargs):
 
 def _register_kernels() -> None:
     fallback = torch.library.Library("_", "IMPL")
-    fallback.fallback(user_facing(_boxed_fallback), dispatch_key="PrivateUse1")
+    fallback.fallback(_native.fast_kernel(_boxed_fallback, None), dispatch_key="PrivateUse1")
     fallback.fallback(user_facing(_refuse_quantized), dispatch_key="QuantizedPrivateUse1")
 
     constructors = torch.library.Library("aten", "IMPL")
@@ -196,7 +207,7 @@ def _register_kernels() -> None:
     whole = torch.library.Library("aten", "IMPL")
     for op in (*_whole_ops(), *_cpu_kernel_ops()):
         if op is not torch.ops.aten._lazy_clone.default:
-            whole.impl(registration_name(op), user_facing(_dense_kernel(op)), "PrivateUse1")
+            whole.impl(registration_name(op), _native.fast_kernel(_dense_kernel(op), op), "PrivateUse1")
     # copy-on-write lazy clones, as the CPU makes them (device/ops/cow.py)
     whole.impl("_lazy_clone", user_facing(cow.lazy_clone), "PrivateUse1")
     # c10d's collectives have PrivateUse1 kernels that hand the tensors to the process
@@ -208,7 +219,8 @@ def _register_kernels() -> None:
         warnings.simplefilter("ignore")  # "overriding a previously registered kernel"
         for name in torch._C._dispatch_get_all_op_names():
             if name.startswith("c10d::") and has(name, "PrivateUse1"):
-                collectives.impl(name[len("c10d::"):], user_facing(_dense_kernel(overload_named(name))), "PrivateUse1")
+                op = overload_named(name)
+                collectives.impl(name[len("c10d::"):], _native.fast_kernel(_dense_kernel(op), op), "PrivateUse1")
     # `param.data = device_tensor` (module.to keeps each Parameter's identity so, and
     # tied weights stay tied): CPU and neuron tensors are both dense, as CPU and CUDA
     # are; PyTorch leaves the answer for PrivateUse1 to the backend.

@@ -151,7 +151,9 @@ VARIABLES = (
 class DeviceConfig:
     """Live values. Attribute reads are on the per-op path, so this is a plain object."""
 
-    __slots__ = tuple(attribute for _, attribute, _, _, _ in VARIABLES) + ("errors", "local_world_size", "local_rank")
+    # hbm_gb is a property over _hbm_gb, keeping _hbm_bytes, which the C recorder reads per op
+    __slots__ = tuple(attribute for _, attribute, _, _, _ in VARIABLES if attribute != "hbm_gb") + (
+        "_hbm_gb", "_hbm_bytes", "errors", "local_world_size", "local_rank")
 
     def __init__(self, environ=None) -> None:
         environ = os.environ if environ is None else environ
@@ -190,8 +192,17 @@ class DeviceConfig:
         return rank if rank is not None and rank < self.device_count else 0
 
     @property
+    def hbm_gb(self) -> float | None:
+        return self._hbm_gb
+
+    @hbm_gb.setter
+    def hbm_gb(self, value) -> None:
+        self._hbm_gb = value
+        self._hbm_bytes = None if value is None else int(value * (1 << 30))
+
+    @property
     def hbm_bytes(self) -> int:
-        return int(self.hbm_gb * (1 << 30))
+        return self._hbm_bytes
 
     @hbm_bytes.setter
     def hbm_bytes(self, value: int) -> None:

@@ -163,8 +163,7 @@ PyObject* offset_of(PyObject* /*module*/, PyObject* value) {
 // errors.users_error: the CPU's own error for the user's arguments) leaves it without a
 // traceback, so Python shows it raised from the user's line with no device frame, as on
 // the CPU. Every other error (a bug of the device) keeps its whole traceback.
-PyObject* call_user_facing(PyObject* kernel, PyObject* args, PyObject* kwargs) {
-  PyObject* result = PyObject_Call(kernel, args, kwargs);
+PyObject* user_facing_result(PyObject* result) {
   if (result != nullptr) {
     return result;
   }
@@ -179,6 +178,133 @@ PyObject* call_user_facing(PyObject* kernel, PyObject* args, PyObject* kwargs) {
   }
   PyErr_Restore(type, value, traceback);
   return nullptr;
+}
+
+PyObject* call_user_facing(PyObject* kernel, PyObject* args, PyObject* kwargs) {
+  return user_facing_result(PyObject_Call(kernel, args, kwargs));
+}
+
+// fast_kernel(kernel, op): the kernel as PyTorch calls it, as user_facing's, which first
+// does what device/backend.py's handler does, without its Python frames, when
+// set_fast_path has switched it on: under the host lock, the recorder's common case
+// (record.cpp: record_op) and else the whole recorder (`run(entry, args, kwargs)`). `op`:
+// the kernel's op, or None for the boxed fallback, whose first argument is the op. Off
+// (the handler's checks apply: a bad configuration, several device indices, no C
+// recorder), or for an op whose entry cannot be made here, it calls the Python kernel.
+struct FastPath {
+  PyObject* acquire = nullptr;  // the host lock's acquire and release (None: off)
+  PyObject* release = nullptr;
+  PyObject* entry_of = nullptr;  // entry_of(op) -> the op's OpEntry
+  PyObject* run = nullptr;       // run(entry, args, kwargs) -> the result: the whole recorder
+};
+FastPath fast_path;
+
+std::unordered_map<PyObject*, PyObject*>& fast_entries() {
+  static auto* entries = new std::unordered_map<PyObject*, PyObject*>();  // op -> its entry, both kept
+  return *entries;
+}
+
+PyObject* fast_entry(PyObject* op) {
+  auto& entries = fast_entries();
+  auto found = entries.find(op);
+  if (found != entries.end()) {
+    return found->second;
+  }
+  PyObject* entry = PyObject_CallOneArg(fast_path.entry_of, op);
+  if (entry == nullptr) {
+    PyErr_Clear();  // the Python kernel makes it again, and raises what it raises
+    return nullptr;
+  }
+  Py_INCREF(op);
+  entries.emplace(op, entry);
+  return entry;
+}
+
+// The recorder under the host lock: the result, or nullptr with the error set.
+PyObject* record_locked(PyObject* entry, PyObject* args, PyObject* kwargs) {
+  PyObject* locked = PyObject_CallNoArgs(fast_path.acquire);
+  if (locked == nullptr) {
+    return nullptr;
+  }
+  Py_DECREF(locked);
+  PyObject* result = record_op(entry, args, kwargs);
+  if (result == Py_NotImplemented) {
+    Py_DECREF(result);
+    PyObject* keywords = kwargs != nullptr ? Py_NewRef(kwargs) : PyDict_New();
+    result = keywords == nullptr ? nullptr : PyObject_CallFunctionObjArgs(fast_path.run, entry, args, keywords, nullptr);
+    Py_XDECREF(keywords);
+  }
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);  // (the release must not see the op's error)
+  PyObject* released = PyObject_CallNoArgs(fast_path.release);
+  if (released == nullptr) {
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+    Py_XDECREF(result);
+    return nullptr;
+  }
+  Py_DECREF(released);
+  PyErr_Restore(type, value, traceback);
+  return result;
+}
+
+PyObject* call_fast_kernel(PyObject* self, PyObject* args, PyObject* kwargs) {
+  PyObject* kernel = PyTuple_GET_ITEM(self, 0);
+  PyObject* fixed = PyTuple_GET_ITEM(self, 1);
+  if (fast_path.acquire == nullptr || (fixed == Py_None && PyTuple_GET_SIZE(args) == 0)) {
+    return call_user_facing(kernel, args, kwargs);
+  }
+  PyObject* op = fixed != Py_None ? fixed : PyTuple_GET_ITEM(args, 0);
+  PyObject* entry = fast_entry(op);
+  if (entry == nullptr) {
+    return call_user_facing(kernel, args, kwargs);
+  }
+  if (fixed != Py_None) {
+    return user_facing_result(record_locked(entry, args, kwargs));
+  }
+  PyObject* rest = PyTuple_GetSlice(args, 1, PyTuple_GET_SIZE(args));
+  if (rest == nullptr) {
+    return nullptr;
+  }
+  PyObject* result = record_locked(entry, rest, kwargs);
+  Py_DECREF(rest);
+  return user_facing_result(result);
+}
+
+PyMethodDef fast_kernel_def = {
+    "neuron_kernel", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call_fast_kernel)),
+    METH_VARARGS | METH_KEYWORDS, "A neuron kernel (device/backend.py), its common case in C (hot_path.cpp: fast_kernel)."};
+
+PyObject* fast_kernel(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "fast_kernel(kernel, op or None)");
+    return nullptr;
+  }
+  PyObject* self = PyTuple_Pack(2, args[0], args[1]);
+  if (self == nullptr) {
+    return nullptr;
+  }
+  PyObject* function = PyCFunction_NewEx(&fast_kernel_def, self, nullptr);
+  Py_DECREF(self);
+  return function;
+}
+
+// set_fast_path(acquire, release, entry_of, run), or (None, None, None, None): off.
+PyObject* set_fast_path(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "set_fast_path(acquire, release, entry_of, run)");
+    return nullptr;
+  }
+  PyObject** fields[4] = {&fast_path.acquire, &fast_path.release, &fast_path.entry_of, &fast_path.run};
+  for (int i = 0; i < 4; ++i) {
+    Py_XSETREF(*fields[i], args[i] == Py_None ? nullptr : Py_NewRef(args[i]));
+  }
+  if (fast_path.acquire == nullptr || fast_path.release == nullptr || fast_path.entry_of == nullptr ||
+      fast_path.run == nullptr) {
+    Py_CLEAR(fast_path.acquire);  // all or nothing
+  }
+  Py_RETURN_NONE;
 }
 
 PyMethodDef user_facing_def = {
@@ -255,6 +381,10 @@ PyMethodDef hot_methods[] = {
     {"user_frame", user_frame, METH_O, "The issuing frame's (code, f_lasti), walked in C (see hot_path.cpp)."},
     {"user_frame_reset", user_frame_reset, METH_NOARGS, "Forget which codes are internal."},
     {"user_facing", user_facing, METH_O, "Wrap a Python kernel so the user's errors leave it without device frames."},
+    {"fast_kernel", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_kernel)), METH_FASTCALL,
+     "user_facing, with the handler's common case in C (see hot_path.cpp)."},
+    {"set_fast_path", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_fast_path)), METH_FASTCALL,
+     "What fast_kernel calls: the host lock's acquire and release, entry_of(op), run (None: off)."},
     {"describe", describe, METH_O, "What the dispatcher records of a tensor argument (see hot_path.cpp)."},
     {"offset_of", offset_of, METH_O, "Where a neuron tensor starts in its storage's allocation, in elements (see hot_path.cpp)."},
     {"empty", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(empty)), METH_FASTCALL,

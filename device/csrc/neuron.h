@@ -111,6 +111,8 @@ py::object twin(py::object generator);
 
 // -- the hot path (hot_path.cpp) -------------------------------------------------------------
 extern PyMethodDef hot_methods[];
+// The recorder's common case of one call: the result, NotImplemented, or nullptr (an error set).
+PyObject* record_op(PyObject* entry, PyObject* args, PyObject* kwargs);
 extern PyMethodDef record_methods[];  // record.cpp: the recorder's common case, the queue's bookkeeping
 std::vector<int64_t> int_vector(PyObject* sequence);  // a Python sequence of ints
 

@@ -86,7 +86,7 @@ struct Names {
   PyObject* stride = intern("stride");
   PyObject* dtype = intern("dtype");
   PyObject* nbytes = intern("nbytes");
-  PyObject* hbm_bytes = intern("hbm_bytes");
+  PyObject* hbm_bytes = intern("_hbm_bytes");  // (DeviceConfig.hbm_bytes, as a slot)
   PyObject* issued = intern("issued");
   PyObject* host_us = intern("host_us");
   PyObject* host_us_per_op = intern("host_us_per_op");
@@ -783,17 +783,16 @@ PyObject* record_call(Handles& h, Names& n, PyObject* entry, PyObject* args, PyO
   return build_return(return_alias, structure.get(), outputs.get(), args, kwargs);
 }
 
-// record(entry, args, kwargs) -> the result, or NotImplemented (see the top of this file)
-PyObject* record(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 3) {
-    PyErr_SetString(PyExc_TypeError, "record(entry, args, kwargs)");
-    return nullptr;
-  }
+}  // namespace
+
+// The common case of one call (record below; the device's kernels call it from C,
+// hot_path.cpp: fast_kernel): the op's result, or NotImplemented, or nullptr with an error set.
+PyObject* record_op(PyObject* entry, PyObject* args, PyObject* kwargs) {
   if (handles == nullptr) {
     Py_RETURN_NOTIMPLEMENTED;
   }
   try {
-    return record_call(*handles, names(), args[0], args[1], args[2] == Py_None ? nullptr : args[2]);
+    return record_call(*handles, names(), entry, args, kwargs);
   } catch (const Miss&) {
     Py_RETURN_NOTIMPLEMENTED;
   } catch (py::error_already_set& error) {
@@ -803,6 +802,17 @@ PyObject* record(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) 
     PyErr_SetString(PyExc_RuntimeError, error.what());
     return nullptr;
   }
+}
+
+namespace {
+
+// record(entry, args, kwargs) -> the result, or NotImplemented (see the top of this file)
+PyObject* record(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "record(entry, args, kwargs)");
+    return nullptr;
+  }
+  return record_op(args[0], args[1], args[2] == Py_None ? nullptr : args[2]);
 }
 
 void uninstall() {

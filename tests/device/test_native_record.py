@@ -284,3 +284,53 @@ def test_matmuls_reshape_is_a_view_made_in_cpp(monkeypatch):
     got = torch.matmul(a.to("neuron"), b.to("neuron"))
     assert torch.equal(got.cpu(), torch.matmul(a, b))
     assert "aten::_unsafe_view" not in python_views
+
+
+# -- the handler in C (device/csrc/hot_path.cpp: fast_kernel) ----------------------------
+
+
+def test_a_kernel_reaches_the_recorder_without_the_python_handler(any_mode, monkeypatch):
+    """The device's kernels do what ``backend._handle`` does in C when nothing is Python's
+    to check; switched off, each call goes through the Python handler again."""
+    from adaptive_eager_device import backend
+
+    x = torch.randn(8, device="neuron")
+    (x + x).cpu()
+    calls = []
+    original = backend._handle
+    monkeypatch.setattr(backend, "_handle", lambda *args: calls.append(args[0]) or original(*args))
+    y = torch.add(x, x)           # the boxed fallback's op
+    z = torch.nn.functional.silu(x)  # a composite's own kernel (_dense_kernel)
+    torch.testing.assert_close(y.cpu(), x.cpu() * 2, rtol=0, atol=0)
+    torch.testing.assert_close(z.cpu(), torch.nn.functional.silu(x.cpu()), rtol=0, atol=0)
+    assert calls == []
+    _native.set_fast_path(None, None, None, None)
+    try:
+        (x + x).cpu()
+        assert len(calls) >= 1
+    finally:
+        backend._make_handler()  # on again
+    calls.clear()
+    (x + x).cpu()
+    assert calls == []
+
+
+def test_the_c_handler_holds_the_host_lock_while_it_records(strict_mode, monkeypatch):
+    from adaptive_eager_device import backend
+    from adaptive_eager_device.hardware.execution_queue import HOST_LOCK
+
+    held = []
+    original = backend.run
+
+    def run(entry, args, kwargs):  # the whole recorder, on a signature the C recorder has not met
+        held.append(HOST_LOCK._is_owned())
+        return original(entry, args, kwargs)
+
+    monkeypatch.setattr(backend, "run", run)
+    backend._make_handler()
+    try:
+        torch.full((3, 5, 7), 2.5, device="neuron").sum().item()
+    finally:
+        monkeypatch.undo()
+        backend._make_handler()
+    assert held and all(held)
