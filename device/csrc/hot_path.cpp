@@ -1,9 +1,9 @@
 // The calls on the per-op hot path, one C call each (see module.cpp for the whole
 // extension): `empty` (a device tensor over a fresh storage), `describe` (what the
 // dispatcher records of a tensor argument) and `offset_of` (where a view starts in its
-// storage's allocation); and `user_facing`, the C function every
+// storage's allocation); `user_facing`, the C function every
 // Python kernel of the device is called through, which gives the user's errors no
-// device frames.
+// device frames; and `fast_kernel`, the same boundary doing the Python handler's work in C.
 
 #include "neuron.h"
 

@@ -19,8 +19,9 @@
 //   events), and init().
 // - hot_path.cpp: two calls on the per-op hot path, `empty` (a device tensor over a
 //   fresh storage) and `describe` (what the dispatcher records of a tensor argument),
-//   one C call each; and `user_facing`, the kernel boundary the user's errors leave
-//   through without device frames.
+//   one C call each; `user_facing`, the kernel boundary the user's errors leave
+//   through without device frames; and `fast_kernel`, that boundary doing the Python
+//   handler's work (the host lock, `record`, else the whole recorder) in C.
 // - record.cpp: the recorder's common case in one C call (`record`: a kernel whose
 //   signature hits the shape cache, recorded and, in strict eager, launched), and the
 //   execution queue's bookkeeping (`account`, `submit`).
