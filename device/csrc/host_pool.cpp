@@ -109,25 +109,28 @@ void free_all(const std::vector<void*>& freed) {
 void pool_delete(void* data) {
   Pool& p = pool();
   std::vector<void*> freed;
+  bool ours = true;
   {
     std::lock_guard<std::mutex> lock(p.mutex);
     auto found = p.sizes.find(data);
-    if (found == p.sizes.end()) {
-      // a raw allocation of the replaced allocator (raw_deallocate uses our raw_deleter)
-      c10::DeleterFnPtr deleter = p.replaced->raw_deleter();
-      if (deleter != nullptr) {
-        deleter(data);
-      }
-      return;
+    ours = found != p.sizes.end();
+    if (ours) {
+      size_t nbytes = found->second;
+      p.in_use -= nbytes;
+      auto by_size = p.free_by_size.emplace(nbytes, data);
+      p.free_by_age.push_back(data);
+      p.cached.emplace(data, Pool::Cached{by_size, std::prev(p.free_by_age.end())});
+      p.cached_bytes += nbytes;
+      p.evict(std::max(kMinLimit, p.peak_in_use), freed);
+      p.releases += static_cast<int64_t>(freed.size());
     }
-    size_t nbytes = found->second;
-    p.in_use -= nbytes;
-    auto by_size = p.free_by_size.emplace(nbytes, data);
-    p.free_by_age.push_back(data);
-    p.cached.emplace(data, Pool::Cached{by_size, std::prev(p.free_by_age.end())});
-    p.cached_bytes += nbytes;
-    p.evict(std::max(kMinLimit, p.peak_in_use), freed);
-    p.releases += static_cast<int64_t>(freed.size());
+  }
+  if (!ours) {  // a raw allocation of the replaced allocator (raw_deallocate uses our raw_deleter)
+    c10::DeleterFnPtr deleter = p.replaced->raw_deleter();
+    if (deleter != nullptr) {
+      deleter(data);
+    }
+    return;
   }
   free_all(freed);
 }
@@ -166,7 +169,8 @@ struct PoolAllocator final : c10::Allocator {
   }
 };
 
-PoolAllocator the_pool_allocator;
+// Never destroyed: c10 keeps pointing at it, and a static destructor at exit may still allocate.
+PoolAllocator* const the_pool_allocator = new PoolAllocator();
 
 // A fork (a DataLoader worker) while another thread holds the lock would leave the child's
 // lock held forever: the child frees the tensors it inherited.
@@ -183,7 +187,7 @@ void enter_host_pool() {
   static std::once_flag installed;
   std::call_once(installed, [] {
     pool().replaced = c10::GetCPUAllocator();
-    c10::SetCPUAllocator(&the_pool_allocator, /*priority=*/1);
+    c10::SetCPUAllocator(the_pool_allocator, /*priority=*/1);
     pthread_atfork(&lock_for_fork, &unlock_after_fork, &unlock_after_fork);
   });
   on_worker = true;
@@ -210,7 +214,7 @@ py::dict host_pool_stats() {
   stats["hits"] = p.hits;
   stats["misses"] = p.misses;
   stats["releases"] = p.releases;
-  stats["installed"] = c10::GetCPUAllocator() == &the_pool_allocator;
+  stats["installed"] = c10::GetCPUAllocator() == the_pool_allocator;
   return stats;
 }
 
