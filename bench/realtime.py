@@ -58,7 +58,9 @@ device's queue is drained and the step's whole work is in its wall time).
   CPU eager loss of the same pair (both models take the same steps from the same weights).
   A mismatch is printed loudly and makes the exit status 1;
 - neuron modes also record, per step, ``adaptive_eager.stats()``'s kernel launches, ops
-  and compiled graph calls and replays (the public statistics; best effort).
+  and compiled graph calls and replays (the public statistics; best effort); every mode
+  the median page faults and system milliseconds of its steps and of the CPU eager steps
+  beside them (``getrusage``, the whole process).
 
 Results go to ``bench/results/latest/realtime.json`` (``realtime_first_step.json`` for
 ``--first-step``), or to ``bench/results/`` with ``--save``, with :func:`bench.provenance`.
@@ -76,6 +78,7 @@ import argparse
 import copy
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -257,10 +260,18 @@ def _neuron_stats() -> dict:
         return {"unavailable": repr(error)[:200]}
 
 
-def _timed(step):
+def _timed(step, memory: list | None = None):
+    """``(step's result, its wall time)``; with ``memory``, the process's minor page faults
+    and system milliseconds during the step (``getrusage``: the host and the worker) are
+    appended to it."""
+    before = resource.getrusage(resource.RUSAGE_SELF) if memory is not None else None
     started = time.perf_counter()
     out = step()
-    return out, time.perf_counter() - started
+    wall = time.perf_counter() - started
+    if memory is not None:
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        memory.append((after.ru_minflt - before.ru_minflt, (after.ru_stime - before.ru_stime) * 1000))
+    return out, wall
 
 
 def _quartiles(values: list[float]) -> list[float]:
@@ -283,6 +294,7 @@ def measure(workload: str, mode: str, steps: int, warmup: int, size_name: str = 
         warnings.simplefilter("ignore")  # transformers' notices (the auto-compile's Inductor request on neuron ...)
         step, cpu_step = build(workload, "compiled" if mode == "compiled-aten" else mode, size)
         walls, cpu_walls, failures = [], [], []
+        memory, cpu_memory = [], []  # (page faults, system ms) of each timed step
         first_ms = None
         generated_ready = generated_wait_s = None
         for i in range(warmup + steps):
@@ -294,14 +306,14 @@ def measure(workload: str, mode: str, steps: int, warmup: int, size_name: str = 
                     generated_ready = adaptive_eager.wait_for_generated_kernels(1800)
                     generated_wait_s = time.perf_counter() - waited
                 adaptive_eager.reset_stats()
-            out, wall = _timed(step)
+            out, wall = _timed(step, memory if i >= warmup else None)
             if i == 0:
                 first_ms = wall * 1000
             if mode == "cpu":  # CPU eager alone: its own steps, no pair
                 if i >= warmup:
                     walls.append(wall)
                 continue
-            expected, cpu_wall = _timed(cpu_step)
+            expected, cpu_wall = _timed(cpu_step, cpu_memory if i >= warmup else None)
             ok, why = compare(workload, out, expected, size)
             if not ok:
                 failures.append(f"step {i}: {why}")
@@ -314,6 +326,12 @@ def measure(workload: str, mode: str, steps: int, warmup: int, size_name: str = 
               "load_average_1min_at_end": os.getloadavg()[0]}
     if mode == "compiled":
         result.update(generated_ready=generated_ready, generated_wait_s=generated_wait_s)
+    # the medians per step: a device whose memory is host memory must not fault it in afresh
+    result["page_faults"] = statistics.median(faults for faults, _ in memory)
+    result["system_ms"] = statistics.median(ms for _, ms in memory)
+    if cpu_memory:
+        result["cpu_page_faults"] = statistics.median(faults for faults, _ in cpu_memory)
+        result["cpu_system_ms"] = statistics.median(ms for _, ms in cpu_memory)
     if mode == "cpu":
         result.update(cpu_ms=result["ms"], x_cpu=1.0, x_cpu_iqr=[1.0, 1.0], ratios=[1.0] * len(walls))
     else:
@@ -407,7 +425,9 @@ def table(results: dict, modes: list[str], first_step: bool) -> list[str]:
             if s.get("kernels_launched") is not None:
                 stats_lines.append(f"  {workload:<13}{mode:<10} launches {s['kernels_launched']:.0f}, ops {s['ops_recorded']:.0f}, "
                                    f"graph calls {s['graph_calls'] or 0:.0f} (replays {s['replays'] or 0:.0f}), "
-                                   f"recompiles {s['recompiles'] or 0}, fallback ops {s['fallback_ops']:.0f}")
+                                   f"recompiles {s['recompiles'] or 0}, fallback ops {s['fallback_ops']:.0f}, "
+                                   f"page faults {r.get('page_faults', 0):.0f} (CPU eager {r.get('cpu_page_faults', 0):.0f}), "
+                                   f"system {r.get('system_ms', 0):.0f} ms ({r.get('cpu_system_ms', 0):.0f} ms)")
     if stats_lines:
         lines += ["", "neuron, per step (adaptive_eager.stats()):"] + stats_lines
     errors = [f"  {w} / {m}: {r['error']}" for w, by in results.items() for m, r in by.items() if "error" in r]

@@ -28,6 +28,7 @@ def _quick(tmp_path, workload: str, modes: str) -> dict:
         assert r["check"]["ok"] and r["check"]["pairs"] == 4, (mode, r["check"])  # 1 warmup + 3 timed pairs
         assert len(r["ratios"]) == 3 and r["x_cpu"] > 0 and r["cpu_ms"] > 0 and r["first_step_ms"] > 0
         assert r["torch_threads"] == 1
+        assert r["page_faults"] >= 0 and r["system_ms"] >= 0 and r["cpu_page_faults"] >= 0  # getrusage per step
         stats = r["neuron_per_step"]
         assert stats["ops_recorded"] > 0
         if mode == "compiled":  # the graphs ran: no silent fall back to eager
