@@ -100,7 +100,8 @@ struct Step {
   std::optional<c10::OperatorHandle> op;                // an aten op, or
   std::shared_ptr<torch::jit::CompilationUnit> unit;    // a TorchScript function, or
   std::shared_ptr<Generated> generated;                 // a generated kernel standing for `group`
-  std::vector<Step> group;                              // (a generated kernel's) the group's own steps
+  std::vector<Step> group;                              // (a generated kernel's, an interleaved run's) own steps
+  std::vector<Step> interleaved;                        // the run's steps parameter by parameter (see run_interleaved)
   torch::jit::Function* function = nullptr;
   std::vector<Arg> args;        // every schema argument, in order
   std::vector<int32_t> outs;    // the returned tensors, flattened: slot (-1: dropped)
@@ -480,6 +481,34 @@ class Builder {
     steps.push_back(std::move(step));
   }
 
+  // interleave(): the steps added since begin_group() are a run of multi-tensor ops in
+  // PyTorch's order; the steps added from now on are the same ops one parameter at a time.
+  void interleave() {
+    TORCH_CHECK(group_start_ <= program_->steps.size(), "interleave: no group begun");
+    interleave_start_ = program_->steps.size();
+  }
+
+  // interleaved(resume): the two become one step (run_interleaved), which frees what the
+  // run's own steps free, after it. `resume`: where the Python fallback takes the window
+  // over if a step raises after the run began (fused_kernel.py: BROKEN).
+  void interleaved(int64_t resume) {
+    TORCH_CHECK(group_start_ <= interleave_start_ && interleave_start_ <= program_->steps.size(),
+                "interleaved: no interleave() after begin_group()");
+    auto& steps = program_->steps;
+    Step step;
+    step.resume = resume;
+    auto begin = steps.begin();
+    step.group.assign(std::make_move_iterator(begin + static_cast<std::ptrdiff_t>(group_start_)),
+                      std::make_move_iterator(begin + static_cast<std::ptrdiff_t>(interleave_start_)));
+    step.interleaved.assign(std::make_move_iterator(begin + static_cast<std::ptrdiff_t>(interleave_start_)),
+                            std::make_move_iterator(steps.end()));
+    for (const auto& own : step.group) {
+      step.frees.insert(step.frees.end(), own.frees.begin(), own.frees.end());
+    }
+    steps.resize(group_start_);
+    steps.push_back(std::move(step));
+  }
+
   // free(storages): the environment entries of these storages are released after the
   // last step added so far.
   void free(py::handle storages) {
@@ -519,6 +548,7 @@ class Builder {
  private:
   std::shared_ptr<Program> program_;
   size_t group_start_ = static_cast<size_t>(-1);
+  size_t interleave_start_ = static_cast<size_t>(-1);
   bool numbered_ = false;
   std::unordered_map<PyObject*, int32_t> slots_;
   py::list storages_;
@@ -684,6 +714,7 @@ struct Queue : std::enable_shared_from_this<Queue> {
   std::atomic<int64_t> generated_failures{0};  // generated kernels that raised (then off)
   std::atomic<int64_t> generated_without_gil{0};  // of generated_runs: the C++ entry, no GIL taken
   std::atomic<int64_t> native_ns{0};  // time the worker spent running native launches
+  std::atomic<int64_t> interleaved_runs{0};  // multi-tensor runs run parameter by parameter
   std::atomic<int> worker_threads{0};
   std::atomic<bool> has_thread{false};
   pthread_t thread{};  // the worker's, once it runs (has_thread): for its CPU clock
@@ -774,6 +805,21 @@ struct Queue : std::enable_shared_from_this<Queue> {
       return true;
     };
     for (const auto& step : launch.program->steps) {
+      if (!step.interleaved.empty()) {
+        Interleaved outcome = run_interleaved(run, step);
+        if (outcome == Interleaved::Ran) {
+          continue;
+        }
+        if (outcome == Interleaved::HandedBack) {
+          return;
+        }
+        for (const auto& own : step.group) {  // not reserved: the run in PyTorch's order
+          if (!run_step(own)) {
+            return;
+          }
+        }
+        continue;
+      }
       if (!step.generated) {
         if (!run_step(step)) {
           return;
@@ -790,6 +836,48 @@ struct Queue : std::enable_shared_from_this<Queue> {
       }
     }
     native_launches.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  // A run of multi-tensor ops (fused_kernel.py: _interleaved_runs), parameter by parameter:
+  // the same kernels on the same elements, each element's ops in the same order, so the
+  // same bits as PyTorch's order, with each parameter's state in cache across the ops. The
+  // run holds only ops that cannot raise once the host has checked them, but for an
+  // allocation; so every block its steps allocate is reserved from the pool first
+  // (host_pool.cpp), and if that fails nothing has been written: NotRun, and the run's own
+  // steps run in PyTorch's order. A step raising after the run began (no known cause) hands
+  // the window to Python at the run (`step.resume`), which fails it with every tensor the
+  // run writes poisoned: some parameters are further on than others.
+  enum class Interleaved { Ran, NotRun, HandedBack };
+
+  Interleaved run_interleaved(Run& run, const Step& step) {
+    std::vector<size_t> sizes;
+    for (const auto& each : step.interleaved) {
+      for (int32_t slot : each.outs) {
+        if (slot >= 0) {
+          const Cell& cell = *run.launch.table[slot];
+          sizes.push_back(at::detail::computeStorageNbytes(cell.sizes, cell.strides, c10::elementSize(cell.dtype)));
+        }
+      }
+    }
+    if (!reserve_host_blocks(sizes)) {
+      return Interleaved::NotRun;
+    }
+    struct Release {
+      ~Release() { release_host_reservation(); }
+    } release;
+    try {
+      for (const auto& each : step.interleaved) {
+        run.step(each);
+      }
+    } catch (const std::exception&) {
+      fallback(run, step.resume);
+      return Interleaved::HandedBack;
+    }
+    for (int32_t slot : step.frees) {
+      run.env[slot].reset();
+    }
+    interleaved_runs.fetch_add(1, std::memory_order_relaxed);
+    return Interleaved::Ran;
   }
 
   // A generated kernel (struct Generated): true if it ran and its results are stored;
@@ -1053,6 +1141,8 @@ void register_executor(py::module& m) {
       .def("script", &Builder::script)
       .def("free", &Builder::free)
       .def("begin_group", &Builder::begin_group)
+      .def("interleave", &Builder::interleave)
+      .def("interleaved", &Builder::interleaved)
       .def("generated", &Builder::generated)
       .def("build", &Builder::build)
       .def("launch", &Builder::launch);
@@ -1072,6 +1162,7 @@ void register_executor(py::module& m) {
         counts["generated_failures"] = q.generated_failures.load();
         counts["generated_runs_without_gil"] = q.generated_without_gil.load();
         counts["native_us"] = q.native_ns.load() / 1000.0;
+        counts["interleaved_runs"] = q.interleaved_runs.load();
         counts["worker_threads"] = q.worker_threads.load();
         return counts;
       })

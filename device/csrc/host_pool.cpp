@@ -21,6 +21,12 @@
 // sizes drift, a growing KV cache, does not keep stale blocks). Every other allocation,
 // and all of them on other threads, is the allocator's it replaced, untouched.
 // `torch.neuron.empty_cache()` frees the cache (release_host_pool).
+//
+// A worker may also reserve blocks before a run of kernels (reserve_host_blocks): taken from
+// the cache or made now, they serve that thread's next allocations of their sizes, so a run
+// whose every large allocation was reserved cannot run out of memory once it has started
+// (executor.cpp: a multi-tensor run parameter by parameter); release_host_reservation
+// returns what the run did not use.
 
 #include "neuron.h"
 
@@ -46,6 +52,8 @@ constexpr size_t kMinLimit = 256ull << 20;
 constexpr size_t kPage = 4096;
 
 thread_local bool on_worker = false;
+// Blocks reserved for this worker's next allocations (reserve_host_blocks): (size, block).
+thread_local std::vector<std::pair<size_t, void*>> reserved;
 
 struct Pool {
   std::mutex mutex;
@@ -141,6 +149,13 @@ struct PoolAllocator final : c10::Allocator {
     if (!on_worker || nbytes < kMinBytes) {
       return p.replaced->allocate(nbytes);
     }
+    for (auto it = reserved.begin(); it != reserved.end(); ++it) {  // (in use since reserved)
+      if (it->first >= nbytes && it->first <= nbytes + nbytes / 8 + kPage) {
+        void* block = it->second;
+        reserved.erase(it);
+        return c10::DataPtr(block, block, &pool_delete, c10::Device(c10::DeviceType::CPU));
+      }
+    }
     void* block = nullptr;
     {
       std::lock_guard<std::mutex> lock(p.mutex);
@@ -191,6 +206,53 @@ void enter_host_pool() {
     pthread_atfork(&lock_for_fork, &unlock_after_fork, &unlock_after_fork);
   });
   on_worker = true;
+}
+
+bool reserve_host_blocks(const std::vector<size_t>& sizes) {
+  if (!on_worker || c10::GetCPUAllocator() != the_pool_allocator) {
+    return false;
+  }
+  Pool& p = pool();
+  try {
+    for (size_t nbytes : sizes) {
+      if (nbytes < kMinBytes) {
+        continue;  // the replaced allocator's (see kMinBytes)
+      }
+      void* block = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(p.mutex);
+        block = p.take(nbytes);
+        if (block != nullptr) {
+          ++p.hits;
+          nbytes = p.sizes[block];
+        }
+      }
+      if (block == nullptr) {
+        block = c10::alloc_cpu(nbytes);
+        std::lock_guard<std::mutex> lock(p.mutex);
+        ++p.misses;
+        p.sizes.emplace(block, nbytes);
+      }
+      {
+        std::lock_guard<std::mutex> lock(p.mutex);
+        p.in_use += nbytes;
+        p.peak_in_use = std::max(p.peak_in_use, p.in_use);
+      }
+      reserved.emplace_back(nbytes, block);
+    }
+  } catch (const std::exception&) {
+    release_host_reservation();
+    return false;
+  }
+  return true;
+}
+
+void release_host_reservation() {
+  std::vector<std::pair<size_t, void*>> left;
+  left.swap(reserved);
+  for (auto& [nbytes, block] : left) {
+    pool_delete(block);  // back to the cache
+  }
 }
 
 void release_host_pool() {

@@ -89,6 +89,10 @@ bool is_owner_data_ptr(const c10::DataPtr& data_ptr);
 // On a device worker's thread, at its start: its kernels' blocks come from the pool (the
 // pool's allocator is installed over the CPU one the first time).
 void enter_host_pool();
+// On a worker: blocks of these sizes (of 64 KiB and more) set aside for its next
+// allocations; false (none kept) if they cannot all be had.
+bool reserve_host_blocks(const std::vector<size_t>& sizes);
+void release_host_reservation();  // the reserved blocks not used, back to the cache
 void release_host_pool();   // free the cached blocks (torch.neuron.empty_cache)
 py::dict host_pool_stats();  // in use, peak, cached bytes; hits, misses, releases
 
