@@ -842,11 +842,11 @@ struct Queue : std::enable_shared_from_this<Queue> {
   // the same kernels on the same elements, each element's ops in the same order, so the
   // same bits as PyTorch's order, with each parameter's state in cache across the ops. The
   // run holds only ops that cannot raise once the host has checked them, but for an
-  // allocation; so every block its steps allocate is reserved from the pool first
-  // (host_pool.cpp), and if that fails nothing has been written: NotRun, and the run's own
-  // steps run in PyTorch's order. A step raising after the run began (no known cause) hands
-  // the window to Python at the run (`step.resume`), which fails it with every tensor the
-  // run writes poisoned: some parameters are further on than others.
+  // allocation; so every block of 64 KiB or more its steps allocate is reserved from the
+  // pool first (host_pool.cpp), and if that fails nothing has been written: NotRun, and the
+  // run's own steps run in PyTorch's order. A step raising after the run began (no known
+  // cause) hands the window to Python at the run (`step.resume`), which fails it with every
+  // tensor the run writes poisoned: some parameters are further on than others.
   enum class Interleaved { Ran, NotRun, HandedBack };
 
   Interleaved run_interleaved(Run& run, const Step& step) {
