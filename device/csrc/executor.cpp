@@ -490,7 +490,7 @@ class Builder {
 
   // interleaved(resume): the two become one step (run_interleaved), which frees what the
   // run's own steps free, after it. `resume`: where the Python fallback takes the window
-  // over if a step raises after the run began (fused_kernel.py: BROKEN).
+  // over if a step raises after the run began (interleave.py: BROKEN).
   void interleaved(int64_t resume) {
     TORCH_CHECK(group_start_ <= interleave_start_ && interleave_start_ <= program_->steps.size(),
                 "interleaved: no interleave() after begin_group()");
@@ -838,7 +838,7 @@ struct Queue : std::enable_shared_from_this<Queue> {
     native_launches.fetch_add(1, std::memory_order_relaxed);
   }
 
-  // A run of multi-tensor ops (fused_kernel.py: _interleaved_runs), parameter by parameter:
+  // A run of multi-tensor ops (interleave.py: interleaved_runs), parameter by parameter:
   // the same kernels on the same elements, each element's ops in the same order, so the
   // same bits as PyTorch's order, with each parameter's state in cache across the ops. The
   // run holds only ops that cannot raise once the host has checked them, but for an

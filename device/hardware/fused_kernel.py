@@ -40,6 +40,7 @@ import torch
 
 from .. import _C as _native
 from ..memory.storage import DeviceStorage, ViewRef
+from .interleave import BROKEN, at_parameter, interleaved_runs
 from .op_record import GUARDED_WRITES, in_layout, resolve, run_record
 
 LOG = logging.getLogger("adaptive_eager.fusion")
@@ -231,7 +232,7 @@ def add_launches(builder, launches, records, off, parts, generated=None, interle
     fused kernel's generated code, which the worker runs instead of its steps (they stay,
     for when it raises: ``executor.cpp``, struct Generated). ``interleave`` (adaptive
     windows): a fused kernel's runs of multi-tensor ops also as their steps parameter by
-    parameter (:func:`_interleaved_runs`)."""
+    parameter (``interleave.py``)."""
     for launch, (members, spec) in enumerate(launches):
         if spec is None:
             _add_op(builder, parts(records[members]), None, launch << 20)
@@ -241,7 +242,7 @@ def add_launches(builder, launches, records, off, parts, generated=None, interle
             builder.begin_group()
         kernel = [parts(records[index]) for index in members]
         at_root, skipped = _library_kernels(spec, {i for i in range(len(spec.patterns)) if (launch, i) in off})
-        runs = _interleaved_runs(kernel, skipped, at_root) if interleave and kernel_code is None else {}
+        runs = interleaved_runs(kernel, skipped, at_root) if interleave and kernel_code is None else {}
         end = 0
         for offset, record in enumerate(kernel):
             if offset < end:
@@ -264,119 +265,8 @@ def add_launches(builder, launches, records, off, parts, generated=None, interle
             builder.generated(*kernel_code, launch << 20)
 
 
-# A resume's offset flag (bit 19; offsets are below it): the worker handed the window back
-# because a step of the interleaved run starting at that offset raised after the run began
-# (executor.cpp: run_interleaved; FusedKernel.resume).
-BROKEN = 1 << 19
-
-# The multi-tensor ops a run may hold (each of ``aten::_foreach_<name>``, in place or not):
-# elementwise, and on the CPU each is the per-tensor op applied tensor by tensor.
-_INTERLEAVED_NAMES = frozenset({
-    "add", "sub", "mul", "div", "addcmul", "addcdiv", "lerp", "sqrt", "neg", "abs", "exp", "reciprocal", "sign",
-    "maximum", "minimum", "clamp_min", "clamp_max", "zero", "copy",
-})
-_INTERLEAVABLE: dict = {}
-_MIN_RUN = 2  # ops in a run worth reordering
-
-
-def _interleavable(op) -> bool:
-    known = _INTERLEAVABLE.get(op)
-    if known is None:
-        name = op._schema.name
-        known = _INTERLEAVABLE[op] = (name.startswith("aten::_foreach_")
-                                      and name[len("aten::_foreach_"):].rstrip("_") in _INTERLEAVED_NAMES)
-    return known
-
-
-def _tensor_storage(value):
-    """The storage a tensor argument names (a storage, a view of one), else None."""
-    kind = type(value)
-    if kind is DeviceStorage:
-        return value
-    if kind is ViewRef:
-        return value.storage
-    return None
-
-
-def _parameter_count(parts):
-    """How many parameters a multi-tensor op of the run kind spans, or None when it is not
-    one: an op of ``_INTERLEAVED_NAMES``, every list argument as long, each element a
-    tensor of one floating dtype or a number, its other tensor arguments of that dtype too,
-    one result per parameter or none."""
-    op, args, kwargs, results, _ = parts
-    if not _interleavable(op):
-        return None
-    values = (*args, *kwargs.values()) if kwargs else args
-    lists = [value for value in values if type(value) is list]
-    if not lists:
-        return None
-    count = len(lists[0])
-    if count < 2 or any(len(items) != count for items in lists) or (results and len(results) != count):
-        return None
-    dtype = None
-    for value in values:
-        for item in (value if type(value) is list else (value,)):
-            storage = _tensor_storage(item)
-            if storage is None:
-                if type(item) not in (int, float, bool):
-                    return None
-            elif dtype is None:
-                dtype = storage.dtype
-            elif storage.dtype is not dtype:
-                return None
-    for storage in results:
-        if type(storage) is not DeviceStorage or storage.dtype is not dtype:
-            return None
-    return count if dtype is not None and dtype.is_floating_point else None
-
-
-def _interleaved_runs(kernel, skipped, at_root) -> dict:
-    """``{start: end}``: the runs of a fused kernel's ops (``parts`` each) the worker may run
-    parameter by parameter (``executor.cpp: run_interleaved``): at least ``_MIN_RUN``
-    consecutive multi-tensor ops (:func:`_parameter_count`, no library kernel's) over as many
-    parameters, in which no tensor written (in place or as a result) appears at two
-    parameters, and no tensor outside the lists is written. Each element's ops then run in
-    the same order on the same values: the results are PyTorch's order's, bit for bit."""
-    runs: dict = {}
-    offset, total = 0, len(kernel)
-    while offset < total:
-        count = None if offset in skipped or offset in at_root else _parameter_count(kernel[offset])
-        end = offset + 1
-        while count is not None and end < total and end not in skipped and end not in at_root \
-                and _parameter_count(kernel[end]) == count:
-            end += 1
-        if count is not None and end - offset >= _MIN_RUN and _disjoint(kernel[offset:end]):
-            runs[offset] = end
-        offset = end
-    return runs
-
-
-def _disjoint(run) -> bool:
-    where: dict = {}  # id(storage) -> the parameters it appears at
-    single = set()    # storages of tensor arguments outside the lists
-    written = set()
-    for _, args, kwargs, results, writes in run:
-        written.update(id(storage) for storage in writes)
-        written.update(id(storage) for storage in results)
-        for value in ((*args, *kwargs.values()) if kwargs else args):
-            if type(value) is list:
-                for index, item in enumerate(value):
-                    storage = _tensor_storage(item)
-                    if storage is not None:
-                        where.setdefault(id(storage), set()).add(index)
-            elif _tensor_storage(value) is not None:
-                single.add(id(_tensor_storage(value)))
-        for index, storage in enumerate(results):
-            where.setdefault(id(storage), set()).add(index)
-    return not (single & written) and all(len(at) == 1 for key, at in where.items() if key in written)
-
-
-def _at(value, index: int):
-    return [value[index]] if type(value) is list else value
-
-
 def _add_interleaved(builder, kernel, spec, start: int, end: int, base: int) -> None:
-    """A run (:func:`_interleaved_runs`) as one step: its ops in PyTorch's order (run when
+    """A run (``interleave.interleaved_runs``) as one step: its ops in PyTorch's order (run when
     the worker cannot reserve the run's memory), then the same ops parameter by parameter."""
     builder.begin_group()
     for offset in range(start, end):
@@ -390,8 +280,8 @@ def _add_interleaved(builder, kernel, spec, start: int, end: int, base: int) -> 
         for offset in range(start, end):
             op, args, kwargs, results, _ = kernel[offset]
             dead = spec.dead_at[offset]
-            builder.op(op, [_at(value, index) for value in args],
-                       {name: _at(value, index) for name, value in kwargs.items()} if kwargs else kwargs,
+            builder.op(op, [at_parameter(value, index) for value in args],
+                       {name: at_parameter(value, index) for name, value in kwargs.items()} if kwargs else kwargs,
                        [results[index]] if results else results, (0,) if dead and index in dead else None, None,
                        base | start | BROKEN)
     builder.interleaved(base | start | BROKEN)
@@ -458,7 +348,7 @@ class FusedKernel:
     def _fail_run(self, queue, start: int, env) -> int:
         records = self.records
         at_root, skipped = _library_kernels(self.spec, self.off)
-        end = _interleaved_runs([_parts(record) for record in records], skipped, at_root).get(start, start + 1)
+        end = interleaved_runs([_parts(record) for record in records], skipped, at_root).get(start, start + 1)
         record = records[start]
         error = RuntimeError(
             f"{record.name} raised while the device ran a run of multi-tensor ops parameter by parameter "

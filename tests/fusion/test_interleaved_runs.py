@@ -1,5 +1,5 @@
 """A fused window's run of multi-tensor ops (an optimizer step) runs parameter by parameter
-on the worker (device/hardware/fused_kernel.py: _interleaved_runs; executor.cpp:
+on the worker (device/hardware/interleave.py: interleaved_runs; executor.cpp:
 run_interleaved): the same bits as PyTorch's order, only where no tensor a run writes
 appears at two parameters, and a run that breaks after it began fails with what it writes
 poisoned."""
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import adaptive_eager
-from adaptive_eager_device.hardware import fused_kernel
+from adaptive_eager_device.hardware import fused_kernel, interleave
 from adaptive_eager_device.hardware.execution_queue import QUEUE
 from adaptive_eager_device.memory.storage import DeviceStorage
 
@@ -71,31 +71,31 @@ def test_a_run_is_only_multi_tensor_ops_over_as_many_floating_parameters():
     add = _parts(torch.ops.aten._foreach_add_.List, [[p, q], [g, h]], writes=[p, q])
     s1, s2 = _storage(), _storage()
     sqrt = _parts(torch.ops.aten._foreach_sqrt.default, [[p, q]], results=[s1, s2])
-    assert fused_kernel._interleaved_runs([mul, add, sqrt], set(), {}) == {0: 3}
-    assert fused_kernel._interleaved_runs([mul], set(), {}) == {}  # one op: nothing to gain
+    assert interleave.interleaved_runs([mul, add, sqrt], set(), {}) == {0: 3}
+    assert interleave.interleaved_runs([mul], set(), {}) == {}  # one op: nothing to gain
     norm = _parts(torch.ops.aten._foreach_norm.Scalar, [[p, q], 2], results=[s1, s2])
-    assert fused_kernel._interleaved_runs([mul, norm, add], set(), {}) == {}  # a reduction ends the run
+    assert interleave.interleaved_runs([mul, norm, add], set(), {}) == {}  # a reduction ends the run
     three = _parts(torch.ops.aten._foreach_mul_.Scalar, [[p, q, g], 0.5], writes=[p, q, g])
-    assert fused_kernel._interleaved_runs([mul, three], set(), {}) == {}  # another parameter count
+    assert interleave.interleaved_runs([mul, three], set(), {}) == {}  # another parameter count
     ints = DeviceStorage((4,), (1,), torch.int64, 32), DeviceStorage((4,), (1,), torch.int64, 32)
     int_mul = _parts(torch.ops.aten._foreach_mul_.Scalar, [list(ints), 2], writes=list(ints))
     int_add = _parts(torch.ops.aten._foreach_add_.Scalar, [list(ints), 1], writes=list(ints))
-    assert fused_kernel._interleaved_runs([int_mul, int_add], set(), {}) == {}  # integer division may raise
-    assert fused_kernel._interleaved_runs([mul, add, sqrt], {1}, {}) == {}  # a library kernel's op
+    assert interleave.interleaved_runs([int_mul, int_add], set(), {}) == {}  # integer division may raise
+    assert interleave.interleaved_runs([mul, add, sqrt], {1}, {}) == {}  # a library kernel's op
 
 
 def test_a_tensor_written_at_two_parameters_keeps_pytorchs_order():
     p, q, g = (_storage() for _ in range(3))
     shared = _parts(torch.ops.aten._foreach_add_.List, [[p, q], [q, g]], writes=[p, q])  # q: at 1, read at 0
     mul = _parts(torch.ops.aten._foreach_mul_.Scalar, [[p, q], 0.5], writes=[p, q])
-    assert fused_kernel._interleaved_runs([mul, shared], set(), {}) == {}
+    assert interleave.interleaved_runs([mul, shared], set(), {}) == {}
     read_twice = _parts(torch.ops.aten._foreach_add_.List, [[p, q], [g, g]], writes=[p, q])  # g read at both
-    assert fused_kernel._interleaved_runs([mul, read_twice], set(), {}) == {0: 2}
+    assert interleave.interleaved_runs([mul, read_twice], set(), {}) == {0: 2}
     scale = _storage(1)
     by_tensor = _parts(torch.ops.aten._foreach_mul_.Tensor, [[p, q], scale], writes=[p, q])
     writes_scale = _parts(torch.ops.aten._foreach_add_.Scalar, [[scale, g], 1.0], writes=[scale, g])
-    assert fused_kernel._interleaved_runs([by_tensor, mul], set(), {}) == {0: 2}
-    assert fused_kernel._interleaved_runs([by_tensor, writes_scale], set(), {}) == {}
+    assert interleave.interleaved_runs([by_tensor, mul], set(), {}) == {0: 2}
+    assert interleave.interleaved_runs([by_tensor, writes_scale], set(), {}) == {}
 
 
 def test_views_of_one_buffer_written_at_two_parameters_keep_pytorchs_order():
@@ -135,7 +135,7 @@ def test_a_run_that_breaks_after_it_began_fails_with_what_it_writes_poisoned(mon
             if spec is not None and any("_foreach" in str(self.records[m].op) for m in members):
                 start = next(o for o, m in enumerate(members) if "_foreach" in str(self.records[m].op))
                 broken.append(launch)
-                return self.resume(queue, launch << 20 | start | fused_kernel.BROKEN, {})
+                return self.resume(queue, launch << 20 | start | interleave.BROKEN, {})
         return self.resume(queue, 0, None)
 
     monkeypatch.setattr(fused_kernel.WindowLaunches, "native", lambda self: None)
