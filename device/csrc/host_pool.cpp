@@ -214,6 +214,7 @@ bool reserve_host_blocks(const std::vector<size_t>& sizes) {
   }
   Pool& p = pool();
   try {
+    reserved.reserve(reserved.size() + sizes.size());  // (no allocation once a block is taken)
     for (size_t nbytes : sizes) {
       if (nbytes < kMinBytes) {
         continue;  // the replaced allocator's (see kMinBytes)
