@@ -86,7 +86,8 @@ class WindowPolicy:
 
     def limits(self) -> tuple:
         """``(rules, max_ops, min_ops, shallow_us)`` in one call (the window reads them per
-        op; each property is a Python call)."""
+        op; each property is a Python call). A policy that sets any of them otherwise
+        overrides this too (``compiler._WholeGraph``)."""
         config = CONFIG
         return POLICIES[config.adaptive_policy], config.window_ops, config.min_window_ops, config.shallow_us
 

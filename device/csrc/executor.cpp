@@ -805,31 +805,26 @@ struct Queue : std::enable_shared_from_this<Queue> {
       return true;
     };
     for (const auto& step : launch.program->steps) {
-      if (!step.interleaved.empty()) {
-        Interleaved outcome = run_interleaved(run, step);
-        if (outcome == Interleaved::Ran) {
-          continue;
-        }
-        if (outcome == Interleaved::HandedBack) {
-          return;
-        }
-        for (const auto& own : step.group) {  // not reserved: the run in PyTorch's order
-          if (!run_step(own)) {
-            return;
-          }
-        }
-        continue;
-      }
-      if (!step.generated) {
+      if (!step.generated && step.interleaved.empty()) {
         if (!run_step(step)) {
           return;
         }
         continue;
       }
-      if (!step.generated->off.load(std::memory_order_acquire) && run_generated(run, step)) {
+      if (!step.interleaved.empty()) {
+        Interleaved outcome = run_interleaved(run, step);
+        if (outcome == Interleaved::HandedBack) {
+          return;
+        }
+        if (outcome == Interleaved::Ran) {
+          continue;
+        }
+      } else if (!step.generated->off.load(std::memory_order_acquire) && run_generated(run, step)) {
         continue;
       }
-      for (const auto& own : step.group) {  // the group's own steps
+      // the group's own steps: the generated kernel is off or raised, or the run's memory
+      // could not be reserved (the run in PyTorch's order)
+      for (const auto& own : step.group) {
         if (!run_step(own)) {
           return;
         }

@@ -143,6 +143,32 @@ void pool_delete(void* data) {
   free_all(freed);
 }
 
+// A block of at least `nbytes`, counted in use: a cached one, else a new one
+// (c10::alloc_cpu, which throws c10::OutOfMemoryError, as the CPU allocator does).
+// `nbytes` becomes the block's size.
+void* obtain(size_t& nbytes) {
+  Pool& p = pool();
+  void* block = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(p.mutex);
+    block = p.take(nbytes);
+    if (block != nullptr) {
+      ++p.hits;
+      nbytes = p.sizes[block];
+      p.in_use += nbytes;
+      p.peak_in_use = std::max(p.peak_in_use, p.in_use);
+      return block;
+    }
+  }
+  block = c10::alloc_cpu(nbytes);
+  std::lock_guard<std::mutex> lock(p.mutex);
+  ++p.misses;
+  p.sizes.emplace(block, nbytes);
+  p.in_use += nbytes;
+  p.peak_in_use = std::max(p.peak_in_use, p.in_use);
+  return block;
+}
+
 struct PoolAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) override {
     Pool& p = pool();
@@ -156,24 +182,7 @@ struct PoolAllocator final : c10::Allocator {
         return c10::DataPtr(block, block, &pool_delete, c10::Device(c10::DeviceType::CPU));
       }
     }
-    void* block = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(p.mutex);
-      block = p.take(nbytes);
-      if (block != nullptr) {
-        ++p.hits;
-        p.in_use += p.sizes[block];
-        p.peak_in_use = std::max(p.peak_in_use, p.in_use);
-      }
-    }
-    if (block == nullptr) {
-      block = c10::alloc_cpu(nbytes);  // throws c10::OutOfMemoryError, as the CPU allocator does
-      std::lock_guard<std::mutex> lock(p.mutex);
-      ++p.misses;
-      p.sizes.emplace(block, nbytes);
-      p.in_use += nbytes;
-      p.peak_in_use = std::max(p.peak_in_use, p.in_use);
-    }
+    void* block = obtain(nbytes);
     return c10::DataPtr(block, block, &pool_delete, c10::Device(c10::DeviceType::CPU));
   }
   c10::DeleterFnPtr raw_deleter() const override {
@@ -212,33 +221,13 @@ bool reserve_host_blocks(const std::vector<size_t>& sizes) {
   if (!on_worker || c10::GetCPUAllocator() != the_pool_allocator) {
     return false;
   }
-  Pool& p = pool();
   try {
     reserved.reserve(reserved.size() + sizes.size());  // (no allocation once a block is taken)
     for (size_t nbytes : sizes) {
       if (nbytes < kMinBytes) {
         continue;  // the replaced allocator's (see kMinBytes)
       }
-      void* block = nullptr;
-      {
-        std::lock_guard<std::mutex> lock(p.mutex);
-        block = p.take(nbytes);
-        if (block != nullptr) {
-          ++p.hits;
-          nbytes = p.sizes[block];
-        }
-      }
-      if (block == nullptr) {
-        block = c10::alloc_cpu(nbytes);
-        std::lock_guard<std::mutex> lock(p.mutex);
-        ++p.misses;
-        p.sizes.emplace(block, nbytes);
-      }
-      {
-        std::lock_guard<std::mutex> lock(p.mutex);
-        p.in_use += nbytes;
-        p.peak_in_use = std::max(p.peak_in_use, p.in_use);
-      }
+      void* block = obtain(nbytes);
       reserved.emplace_back(nbytes, block);
     }
   } catch (const std::exception&) {

@@ -258,9 +258,7 @@ def add_launches(builder, launches, records, off, parts, generated=None, interle
                 _add_library(builder, pattern, kernel, spec.dead, launch << 20 | pattern.members[0])
             else:
                 _add_op(builder, record, spec.dead_at[offset], launch << 20 | offset)
-            frees = [kernel[producer][3][position] for producer, position in spec.last_uses[offset]]
-            if frees:
-                builder.free(frees)
+            _free_after(builder, kernel, spec, offset)
         if kernel_code is not None:
             builder.generated(*kernel_code, launch << 20)
 
@@ -271,9 +269,7 @@ def _add_interleaved(builder, kernel, spec, start: int, end: int, base: int) -> 
     builder.begin_group()
     for offset in range(start, end):
         _add_op(builder, kernel[offset], spec.dead_at[offset], base | offset)
-        frees = [kernel[producer][3][position] for producer, position in spec.last_uses[offset]]
-        if frees:
-            builder.free(frees)
+        _free_after(builder, kernel, spec, offset)
     builder.interleave()
     count = len(next(value for value in kernel[start][1] if type(value) is list))
     for index in range(count):
@@ -285,6 +281,13 @@ def _add_interleaved(builder, kernel, spec, start: int, end: int, base: int) -> 
                        [results[index]] if results else results, (0,) if dead and index in dead else None, None,
                        base | start | BROKEN)
     builder.interleaved(base | start | BROKEN)
+
+
+def _free_after(builder, kernel, spec, offset: int) -> None:
+    """Free, after the step just added, the registers no op after ``offset`` reads."""
+    frees = [kernel[producer][3][position] for producer, position in spec.last_uses[offset]]
+    if frees:
+        builder.free(frees)
 
 
 def _add_op(builder, parts, dead, resume: int) -> None:
