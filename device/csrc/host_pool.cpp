@@ -125,7 +125,9 @@ void pool_delete(void* data) {
     if (ours) {
       size_t nbytes = found->second;
       p.in_use -= nbytes;
-      auto by_size = p.free_by_size.emplace(nbytes, data);
+      // First among the cached blocks of its size, so take() reuses the most recently freed
+      // (still in the caches, as glibc's bins would give it), not the oldest.
+      auto by_size = p.free_by_size.emplace_hint(p.free_by_size.lower_bound(nbytes), nbytes, data);
       p.free_by_age.push_back(data);
       p.cached.emplace(data, Pool::Cached{by_size, std::prev(p.free_by_age.end())});
       p.cached_bytes += nbytes;

@@ -97,3 +97,25 @@ def test_drifting_sizes_do_not_grow_the_cache_past_its_limit():
     assert stats["peak_in_use_bytes"] < 256 * MIB
     assert 0 < stats["cached_bytes"] <= 256 * MIB
     assert stats["releases"] > 0  # the oldest blocks went back to the C library
+
+
+def test_the_most_recently_freed_block_is_reused_first(strict_mode):
+    """Of two cached blocks of one size, the next allocation takes the one freed last (still
+    in the CPU's caches), as glibc's bins would: not the oldest."""
+    from adaptive_eager_device.memory.tensor import storage_of
+
+    x = torch.randn(512, 512, device="neuron")  # 1 MiB results, over the pool's floor
+    (x * 2).sum().item()  # warm: the kernels' blocks exist
+
+    def address(tensor):
+        torch.neuron.synchronize()
+        return storage_of(tensor).data.data_ptr()
+
+    older, newer = x * 3, x * 4
+    first, second = address(older), address(newer)
+    del older
+    torch.neuron.synchronize()
+    del newer  # freed after `older`
+    torch.neuron.synchronize()
+    again = x * 5
+    assert address(again) == second != first
