@@ -46,8 +46,10 @@
 #include <condition_variable>
 #include <deque>
 #include <memory>
+#include <limits>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include <pthread.h>
@@ -715,12 +717,20 @@ struct Queue : std::enable_shared_from_this<Queue> {
   std::atomic<int64_t> generated_without_gil{0};  // of generated_runs: the C++ entry, no GIL taken
   std::atomic<int64_t> native_ns{0};  // time the worker spent running native launches
   std::atomic<int64_t> interleaved_runs{0};  // multi-tensor runs run parameter by parameter
+  std::atomic<int64_t> python_items{0};  // items the worker ran in Python (with the GIL)
   std::atomic<int> worker_threads{0};
   std::atomic<bool> has_thread{false};
   pthread_t thread{};  // the worker's, once it runs (has_thread): for its CPU clock
   std::atomic<int> threads{0};  // the host's intra-op threads: kernels run under what they were issued with
   std::mutex done_mutex;
   std::vector<PyObject*> done;       // released by the host, with the GIL
+  // Host threads waiting for the worker (wait_completed: a sync point, an event): each
+  // waits until `completed` reaches its target; the worker wakes them when it reaches the
+  // lowest (wake_at), without the GIL: a sync runs no Python on the worker.
+  std::mutex waiters_mutex;
+  std::condition_variable waiters_cv;
+  std::multiset<int64_t> targets;  // guarded by waiters_mutex
+  std::atomic<int64_t> wake_at{std::numeric_limits<int64_t>::max()};
   PyObject* run_python = nullptr;    // run_python(item): a Python item
   PyObject* run_fallback = nullptr;  // run_fallback(fallback, resume, env): a native launch's, in Python
   bool started = false;
@@ -1016,10 +1026,54 @@ struct Queue : std::enable_shared_from_this<Queue> {
           item.native.reset();  // the wrapper keeps it alive until then
           q.finished(item.wrapper);
         } else {
+          q.python_items.fetch_add(1, std::memory_order_relaxed);
           q.run_python_item(item.python);  // released under the GIL there
           item.python = nullptr;
         }
-        q.completed.fetch_add(1, std::memory_order_release);
+        // (sequentially consistent, as wait_completed's store of wake_at and its read of
+        // completed: one of the two threads sees the other's write, so no wake-up is lost)
+        int64_t now = q.completed.fetch_add(1) + 1;
+        if (now >= q.wake_at.load()) {
+          std::lock_guard<std::mutex> guard(q.waiters_mutex);
+          q.waiters_cv.notify_all();
+        }
+      }
+    }
+  }
+
+  // wait_completed(target, spin_us): block (without the GIL) until the worker has run `target`
+  // items. First polls for up to spin_us (the host's core is otherwise idle while it waits,
+  // and a futex sleep costs a wake-up on each side); then sleeps, waking every 100 ms to run
+  // Python's signal handlers (a Ctrl-C raises KeyboardInterrupt here, the items staying
+  // queued, as a Python wait would).
+  void wait_completed(int64_t target, int64_t spin_us) {
+    if (spin_us > 0 && completed.load() < target) {
+      py::gil_scoped_release no_gil;
+      auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
+      while (completed.load(std::memory_order_acquire) < target && std::chrono::steady_clock::now() < until) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        asm volatile("yield");
+#endif
+      }
+    }
+    while (true) {
+      bool reached = false;
+      {
+        py::gil_scoped_release no_gil;
+        std::unique_lock<std::mutex> lock(waiters_mutex);
+        auto mine = targets.insert(target);
+        wake_at.store(*targets.begin());
+        reached = waiters_cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return completed.load() >= target; });
+        targets.erase(mine);
+        wake_at.store(targets.empty() ? std::numeric_limits<int64_t>::max() : *targets.begin());
+      }
+      if (reached) {
+        return;
+      }
+      if (PyErr_CheckSignals() != 0) {
+        throw py::error_already_set();
       }
     }
   }
@@ -1146,6 +1200,7 @@ void register_executor(py::module& m) {
       .def("start", &Queue::start)
       .def("push", &Queue::push)
       .def("release", &Queue::release)
+      .def("wait_completed", &Queue::wait_completed, py::arg("target"), py::arg("spin_us") = 0)
       .def_property_readonly("completed", [](const Queue& q) { return q.completed.load(std::memory_order_acquire); })
       .def("flags", &Queue::flags, py::arg("failure_pending") = py::none(), py::arg("faults") = py::none(),
            py::arg("poison_seen") = py::none(), py::arg("threads") = py::none())
@@ -1158,6 +1213,7 @@ void register_executor(py::module& m) {
         counts["generated_runs_without_gil"] = q.generated_without_gil.load();
         counts["native_us"] = q.native_ns.load() / 1000.0;
         counts["interleaved_runs"] = q.interleaved_runs.load();
+        counts["python_items"] = q.python_items.load();
         counts["worker_threads"] = q.worker_threads.load();
         return counts;
       })

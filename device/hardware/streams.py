@@ -30,7 +30,7 @@ from ..core.counters import COUNTERS
 from ..core.reasons import Flush
 from ..memory.indices import current_index, exchange_index, index_of
 from . import sink
-from .execution_queue import HOST_LOCK, QUEUE, Fence
+from .execution_queue import HOST_LOCK, QUEUE
 
 _DEVICE_TYPE = torch._C._autograd.DeviceType.PrivateUse1
 _ids = itertools.count(1)
@@ -158,8 +158,7 @@ class Event:
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
         self.enable_timing = enable_timing
         self.blocking = blocking
-        self._marker: Fence | None = None  # the queue item the record put on the queue
-        self._sequence = 0
+        self._sequence: int | None = None  # the queue's items through the recorded point
         self._clock_us: float | None = None
         self._device_index: int | None = None  # the recording stream's device
 
@@ -172,16 +171,15 @@ class Event:
         stream = stream if stream is not None else current_stream()
         with HOST_LOCK:
             sink.flush(Flush.EVENT_RECORD)
-            self._marker = Fence()
             self._device_index = stream.device_index
             self._clock_us = QUEUE.clock_us
-            self._sequence = QUEUE.submit(self._marker, stream.stream_id)
+            self._sequence = QUEUE.submitted
 
     def query(self) -> bool:
-        if self._marker is None:
+        if self._sequence is None:
             return True
         QUEUE.ring()
-        return self._marker.event.is_set()
+        return QUEUE.is_complete(self._sequence)
 
     def wait(self, stream: Stream | None = None) -> None:
         # Work issued after this on any stream already runs after the recorded point.
@@ -189,11 +187,11 @@ class Event:
 
     def synchronize(self) -> None:
         """Wait until the queue reaches this event (a sync point; rethrows errors)."""
-        if self._marker is None:
+        if self._sequence is None:
             return
         COUNTERS.sync_points[Flush.EVENT_SYNCHRONIZE] += 1
         QUEUE.ring()
-        self._marker.event.wait()
+        QUEUE.wait_for(self._sequence)
         QUEUE.raise_pending()
 
     def elapsed_time(self, end_event: "Event") -> float:
@@ -207,5 +205,5 @@ class Event:
         return (end_event._clock_us - self._clock_us) / 1000.0
 
     def __repr__(self) -> str:
-        state = "unrecorded" if self._marker is None else ("complete" if self.query() else "pending")
+        state = "unrecorded" if self._sequence is None else ("complete" if self.query() else "pending")
         return f"<torch.neuron.Event {state}>"

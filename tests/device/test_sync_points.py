@@ -44,3 +44,93 @@ def test_a_drain_waits_and_raises_nothing_a_sync_point_raises(any_mode):
     sink.synchronize()  # raised once, then cleared: the device is usable again
     torch.testing.assert_close((x + 1).cpu(), x.cpu() + 1)
     del y
+
+
+# -- the wait itself (ExecutionQueue.wait_for: executor.cpp's wait_completed) ------------------
+
+
+def _worker_counts() -> dict:
+    from adaptive_eager_device.hardware.execution_queue import QUEUE
+
+    return QUEUE.native_counts()
+
+
+def test_a_sync_point_runs_no_python_on_the_worker(any_mode):
+    """The host waits in C and the worker wakes it without the GIL: syncs and events put no
+    Python item on the worker (a Fence item did, taking the GIL at every sync)."""
+    x = torch.randn(64).to("neuron")
+    torch.neuron.synchronize()
+    before = _worker_counts()["python_items"]
+    total = 0.0
+    for i in range(20):
+        total += (x + i).sum().item()
+        event = torch.neuron.Event()
+        event.record()
+        event.synchronize()
+        assert event.query()
+    torch.neuron.synchronize()
+    assert _worker_counts()["python_items"] == before
+    cpu = x.cpu()
+    assert total == sum((cpu + i).sum().item() for i in range(20))
+
+
+def test_host_threads_waiting_at_once_each_wake_with_their_results(any_mode):
+    """Several host threads wait for different points of the one queue at the same time:
+    each returns only once its own work has run, with its own results."""
+    import threading
+
+    errors, results = [], {}
+
+    def worker(index):
+        try:
+            x = torch.full((256,), float(index), device="neuron")
+            got = []
+            for step in range(100):
+                got.append((x * step).sum().item())
+            results[index] = got
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors
+    assert {i: results[i] for i in range(4)} == {i: [256.0 * i * step for step in range(100)] for i in range(4)}
+
+
+def test_a_signal_interrupts_a_host_waiting_for_the_worker(strict_mode):
+    """A wait polls Python's signal handlers (Ctrl-C during a long sync raises, as a Python
+    wait would), before the work it waits for has run; the queued work still runs and a
+    later sync waits for it."""
+    import signal
+
+    from adaptive_eager_device.hardware.execution_queue import QUEUE
+
+    class Interrupted(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Interrupted
+
+    a = torch.randn(1024, 1024, device="neuron")
+    torch.neuron.synchronize()
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        y = a
+        for _ in range(40):  # seconds of work on the worker
+            y = (y @ a).tanh()
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        with pytest.raises(Interrupted):
+            torch.neuron.synchronize()
+        still_queued = QUEUE.submitted - QUEUE.completed  # raised while waiting, not after
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    torch.neuron.synchronize()
+    assert still_queued > 0
+    expected = a.cpu()
+    for _ in range(40):
+        expected = (expected @ a.cpu()).tanh()
+    torch.testing.assert_close(y.cpu(), expected)
