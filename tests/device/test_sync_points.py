@@ -134,3 +134,22 @@ def test_a_signal_interrupts_a_host_waiting_for_the_worker(strict_mode):
     for _ in range(40):
         expected = (expected @ a.cpu()).tanh()
     torch.testing.assert_close(y.cpu(), expected)
+
+
+def test_a_waiting_host_polls_only_while_a_core_is_left_free(any_mode, monkeypatch):
+    """Polling before sleeping takes a core: only when the worker's intra-op threads (the
+    host's ``torch.get_num_threads()``) leave one, re-decided by ``torch.set_num_threads``."""
+    import os
+
+    from adaptive_eager_device.hardware import execution_queue
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    torch.randn(4, device="neuron").sum().item()  # the worker runs
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        assert execution_queue.QUEUE.spin_us == execution_queue.SPIN_US > 0
+        torch.set_num_threads(4)
+        assert execution_queue.QUEUE.spin_us == 0
+    finally:
+        torch.set_num_threads(saved)
