@@ -63,8 +63,14 @@ _SCALARS = (int, float, bool, type(None))
 def input_signature(args):
     """``(key, storages)`` of a call's inputs, or ``(reason, None)`` when an input is one a
     template cannot bind (a host tensor, a generator). ``storages[k]`` is input k's
-    DeviceStorage (None for a non-tensor)."""
-    key = [torch.is_autocast_enabled("neuron"), torch.get_autocast_dtype("neuron")]
+    DeviceStorage (None for a non-tensor). In C when every input is a neuron tensor or a
+    number (``_C.input_signature``, the same key); here otherwise."""
+    enabled, dtype = torch.is_autocast_enabled("neuron"), torch.get_autocast_dtype("neuron")
+    if type(args) is list:
+        answer = _native.input_signature(args, enabled, dtype, storage_of)
+        if answer is not None:
+            return answer
+    key = [enabled, dtype]
     storages = []
     numbers: dict = {}
     for value in args:
@@ -124,8 +130,8 @@ class Template:
     """One recorded call of a graph, replayable for calls with the same input signature
     (module docstring)."""
 
-    __slots__ = ("slots", "records", "outputs", "ops", "table", "inputs", "hosts", "fresh", "layouts", "total",
-                 "skeleton", "written", "programs", "jobs")
+    __slots__ = ("slots", "records", "outputs", "ops", "table", "inputs", "hosts", "fresh_numbers", "escaping",
+                 "layouts", "total", "skeleton", "written", "programs", "jobs")
 
     def __init__(self, recording: Recording, outputs, args_after, gm) -> None:
         records = recording.records
@@ -194,20 +200,23 @@ class Template:
     def _plan_binding(self) -> None:
         """What ``bind`` does at every call, sorted once: the constants' table (one entry
         per slot, and a last one, None, for the results a record does not make), where
-        inputs and host inputs go, and the fresh storages' layouts, booked together."""
+        inputs and host inputs go, and the fresh storages' layouts, booked together (made
+        not alive, but for those an output escapes through: most are intermediates)."""
         self.table = [None] * (len(self.slots) + 1)
         inputs, hosts, fresh, layouts = [], [], [], []
         for number, slot in enumerate(self.slots):
             if type(slot) is _Fresh:
                 fresh.append((number, slot))
-                layouts.append((slot.shape, slot.stride, slot.dtype, rounded_nbytes(slot.nbytes)))
+                layouts.append((slot.shape, slot.stride, slot.dtype, rounded_nbytes(slot.nbytes), slot.escapes))
             elif slot[0] == "input":
                 inputs.append((number, slot[1]))
             elif slot[0] == "host":
                 hosts.append((number, slot[1]))
             else:
                 self.table[number] = slot[1]
-        self.inputs, self.hosts, self.fresh, self.layouts = tuple(inputs), tuple(hosts), tuple(fresh), tuple(layouts)
+        self.inputs, self.hosts, self.layouts = tuple(inputs), tuple(hosts), tuple(layouts)
+        self.fresh_numbers = tuple(number for number, _ in fresh)
+        self.escaping = tuple((i, number, slot) for i, (number, slot) in enumerate(fresh) if slot.escapes)
         self.total = sum(layout[3] for layout in layouts)
 
     def _plan_structure(self) -> None:
@@ -241,13 +250,10 @@ class Template:
         tensors' bases (slot -> the tensor over that storage)."""
         made = DeviceStorage.allocate_all(self.layouts, self.total)
         table = self.table.copy()
-        bases = {}
-        for (number, slot), storage in zip(self.fresh, made):
+        for number, storage in zip(self.fresh_numbers, made):
             table[number] = storage
-            if slot.escapes:
-                bases[number] = device_tensor(slot.shape, slot.stride, slot.dtype, storage, slot.nbytes)
-            else:
-                storage.alive = False  # no PrivateUse1 storage: nothing references it
+        bases = {number: device_tensor(slot.shape, slot.stride, slot.dtype, made[i], slot.nbytes)
+                 for i, number, slot in self.escaping}
         for number, k in self.inputs:
             table[number] = storages[k]
             bases[number] = args[k]

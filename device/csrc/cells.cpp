@@ -360,6 +360,7 @@ struct Layout {
   std::vector<int64_t> sizes;
   std::vector<int64_t> strides;
   int64_t nbytes;
+  bool alive = true;  // is a PrivateUse1 storage to reference it (no: an intermediate of a call)
 };
 
 Layout read_layout(PyObject* shape, PyObject* stride, PyObject* dtype, int64_t nbytes) {
@@ -385,12 +386,14 @@ PyObject* make_storage(PyTypeObject* type, Layout& layout) {
   cell->strides = std::move(layout.strides);
   cell->dtype = reinterpret_cast<THPDtype*>(layout.dtype)->scalar_type;
   object->nbytes = layout.nbytes;  // its dealloc frees them from now on
+  object->alive = layout.alive;
   return self;
 }
 
 // allocate_storages(type, layouts, total, capacity) -> [storage] or None: storages for
-// `layouts` ((shape, stride, dtype, booked bytes) each; `total` their sum), booked at once,
-// or None (an OOM counted, nothing booked) when they do not all fit.
+// `layouts` ((shape, stride, dtype, booked bytes[, alive]) each; `total` their sum), booked
+// at once, or None (an OOM counted, nothing booked) when they do not all fit. `alive` False:
+// a storage no PrivateUse1 storage will reference (a compiled call's intermediate).
 PyObject* allocate_storages(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
   TORCH_CHECK(nargs == 4 && is_storage_type(args[0]),
@@ -406,9 +409,17 @@ PyObject* allocate_storages(PyObject* /*module*/, PyObject* const* args, Py_ssiz
   layouts.reserve(static_cast<size_t>(count));
   for (Py_ssize_t i = 0; i < count; ++i) {
     PyObject* layout = PySequence_Fast_GET_ITEM(fast, i);
-    TORCH_CHECK(PyTuple_Check(layout) && PyTuple_GET_SIZE(layout) == 4, "a layout is (shape, stride, dtype, nbytes)");
+    TORCH_CHECK(PyTuple_Check(layout) && (PyTuple_GET_SIZE(layout) == 4 || PyTuple_GET_SIZE(layout) == 5),
+                "a layout is (shape, stride, dtype, nbytes[, alive])");
     layouts.push_back(read_layout(PyTuple_GET_ITEM(layout, 0), PyTuple_GET_ITEM(layout, 1), PyTuple_GET_ITEM(layout, 2),
                                   as_int(PyTuple_GET_ITEM(layout, 3))));
+    if (PyTuple_GET_SIZE(layout) == 5) {
+      int alive = PyObject_IsTrue(PyTuple_GET_ITEM(layout, 4));
+      if (alive < 0) {
+        throw python_error();
+      }
+      layouts.back().alive = alive != 0;
+    }
   }
   if (!book(as_int(args[2]), count, as_int(args[3]))) {
     Py_RETURN_NONE;

@@ -377,6 +377,80 @@ PyObject* user_frame_reset(PyObject* /*module*/, PyObject* /*unused*/) {
   Py_RETURN_NONE;
 }
 
+// input_signature(args, autocast_enabled, autocast_dtype, storage_of) -> (key, storages), or
+// None when an argument is neither a neuron tensor nor an int, float, bool or None (the
+// Python version, adaptive_eager/replay.py: input_signature, answers those: host tensors,
+// inputs a template cannot bind). The key as the Python version makes it: the autocast
+// state, then per argument (signature, storage number) for a tensor its storage's layout
+// covers, (signature, number, storage offset, conj, neg) for any other neuron tensor,
+// (type, value) for a number; storages[k] is argument k's DeviceStorage (None for a number).
+// A compiled graph's every call computes it over its ~50 inputs (its parameters too).
+PyObject* input_signature(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK(nargs == 4 && PyList_Check(args[0]), "input_signature(args, autocast_enabled, autocast_dtype, storage_of)");
+  PyObject* values = args[0];
+  Py_ssize_t count = PyList_GET_SIZE(values);
+  py::object key = py::reinterpret_steal<py::object>(PyTuple_New(count + 2));
+  py::object storages = py::reinterpret_steal<py::object>(PyList_New(count));
+  if (!key || !storages) {
+    return nullptr;
+  }
+  PyTuple_SET_ITEM(key.ptr(), 0, Py_NewRef(args[1]));
+  PyTuple_SET_ITEM(key.ptr(), 1, Py_NewRef(args[2]));
+  std::vector<PyObject*> numbered;  // storages in order of first appearance (borrowed: held by `storages`)
+  for (Py_ssize_t k = 0; k < count; ++k) {
+    PyObject* value = PyList_GET_ITEM(values, k);
+    PyTypeObject* type = Py_TYPE(value);
+    PyObject* item = nullptr;
+    PyObject* storage = Py_None;
+    if (type == &PyLong_Type || type == &PyFloat_Type || type == &PyBool_Type || value == Py_None) {
+      item = PyTuple_Pack(2, reinterpret_cast<PyObject*>(type), value);
+      Py_INCREF(storage);
+    } else {
+      py::object described = py::reinterpret_steal<py::object>(describe(nullptr, value));
+      if (!described) {
+        return nullptr;
+      }
+      if (described.ptr() == Py_None) {
+        Py_RETURN_NONE;  // a host tensor or an input a template cannot bind: Python's to say
+      }
+      PyObject* signature = PyTuple_GET_ITEM(described.ptr(), 0);
+      storage = PyTuple_GET_ITEM(described.ptr(), 1);
+      if (storage == Py_None) {
+        storage = PyObject_CallOneArg(args[3], value);
+        if (storage == nullptr) {
+          return nullptr;
+        }
+      } else {
+        Py_INCREF(storage);
+      }
+      size_t number = 0;
+      while (number < numbered.size() && numbered[number] != storage) {
+        ++number;
+      }
+      if (number == numbered.size()) {
+        numbered.push_back(storage);
+      }
+      py::object index = py::reinterpret_steal<py::object>(PyLong_FromSize_t(number));
+      if (PyTuple_GET_ITEM(described.ptr(), 2) == Py_True) {
+        item = PyTuple_Pack(2, signature, index.ptr());
+      } else {
+        const at::Tensor& tensor = THPVariable_Unpack(value);
+        py::object offset = py::reinterpret_steal<py::object>(PyLong_FromLongLong(tensor.storage_offset()));
+        item = PyTuple_Pack(5, signature, index.ptr(), offset.ptr(), tensor.is_conj() ? Py_True : Py_False,
+                            tensor.is_neg() ? Py_True : Py_False);
+      }
+    }
+    PyList_SET_ITEM(storages.ptr(), k, storage);  // (owned)
+    if (item == nullptr) {
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(key.ptr(), k + 2, item);
+  }
+  return PyTuple_Pack(2, key.ptr(), storages.ptr());
+  END_HANDLE_TH_ERRORS
+}
+
 PyMethodDef hot_methods[] = {
     {"user_frame", user_frame, METH_O, "The issuing frame's (code, f_lasti), walked in C (see hot_path.cpp)."},
     {"user_frame_reset", user_frame_reset, METH_NOARGS, "Forget which codes are internal."},
@@ -386,6 +460,8 @@ PyMethodDef hot_methods[] = {
     {"set_fast_path", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_fast_path)), METH_FASTCALL,
      "What fast_kernel calls: the host lock's acquire and release, entry_of(op), run (None: off)."},
     {"describe", describe, METH_O, "What the dispatcher records of a tensor argument (see hot_path.cpp)."},
+    {"input_signature", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(input_signature)), METH_FASTCALL,
+     "A compiled call's input signature and storages, or None for Python's version (see hot_path.cpp)."},
     {"offset_of", offset_of, METH_O, "Where a neuron tensor starts in its storage's allocation, in elements (see hot_path.cpp)."},
     {"empty", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(empty)), METH_FASTCALL,
      "A device tensor over a fresh storage (see hot_path.cpp)."},

@@ -156,7 +156,8 @@ class DeviceStorage(_native.StorageBase):
     @classmethod
     def allocate_all(cls, layouts, total: int) -> list:
         """Storages for ``layouts`` (``(shape, stride, dtype, bytes rounded up to the
-        allocation granularity)`` each; ``total`` is their bytes' sum), booked at once, as
+        allocation granularity[, alive])`` each; ``total`` is their bytes' sum; ``alive``
+        False: a call's intermediate, which no PrivateUse1 storage will reference), booked at once, as
         allocating them one after the other books them (a compiled graph's replay, which
         makes all of a call's storages before it issues anything). Raises
         ``torch.OutOfMemoryError`` with none of them booked when they do not all fit."""

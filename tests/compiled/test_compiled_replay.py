@@ -427,3 +427,31 @@ def test_a_call_that_changes_an_inputs_metadata_is_never_replayed():
         assert d.shape == (3, 2) and torch.equal(out.cpu(), a.t() * 2)
     assert runner.entry["replays"] == 0
     assert runner.entry["replay_fallbacks"] == {"the call changed an input's metadata": 2}
+
+
+def test_the_c_input_signature_is_the_python_one():
+    """A compiled call's input signature is made in C when every input is a neuron tensor
+    or a number (``_C.input_signature``); templates recorded either way must match, so the
+    key and storages equal the Python version's (given a tuple, which it answers) for
+    tensors covering their storage, views, shared storages, conjugate and negative bits,
+    parameters and numbers of every scalar type."""
+    from adaptive_eager import replay
+
+    base = torch.randn(4, 6, device="neuron")
+    z = torch.randn(3, dtype=torch.complex64, device="neuron")
+    parameter = torch.nn.Parameter(torch.randn(5, device="neuron"))
+    storage_only = torch.empty(0, device="neuron").set_(torch.UntypedStorage(64, device="neuron"), 0, (4,), (1,))
+    cases = [
+        [base, base[1:], base.t(), base, 2, 0.5, True, None],
+        [z.conj(), z, z._neg_view(), parameter, storage_only],
+        [base[:, ::2], base.view(6, 4), 3.0, False],
+        [],
+    ]
+    for args in cases:
+        in_c = replay.input_signature(list(args))
+        in_python = replay.input_signature(tuple(args))
+        assert in_c[0] == in_python[0]
+        assert len(in_c[1]) == len(in_python[1]) and all(a is b for a, b in zip(in_c[1], in_python[1]))
+    host = [base, torch.randn(3)]  # a host tensor: the Python version answers
+    assert replay.input_signature(host)[0] == replay.input_signature(tuple(host))[0]
+    assert replay.input_signature([base, object()]) == ("an input a template cannot bind", None)
