@@ -693,6 +693,15 @@ struct Run {
 
 // -- the queue -----------------------------------------------------------------------------
 
+// One step of a polling loop: tells the core it is spinning.
+inline void pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 struct Item {
   PyObject* python = nullptr;      // a Python item (owned), or
   std::shared_ptr<Launch> native;  // a native launch
@@ -722,6 +731,11 @@ struct Queue : std::enable_shared_from_this<Queue> {
   std::atomic<bool> has_thread{false};
   pthread_t thread{};  // the worker's, once it runs (has_thread): for its CPU clock
   std::atomic<int> threads{0};  // the host's intra-op threads: kernels run under what they were issued with
+  // How long the worker polls for the next batch before it sleeps (flags; 0: never), and
+  // the batches pushed so far, which it polls: a host ringing a polling worker makes no
+  // system call, and the worker starts at once.
+  std::atomic<int64_t> spin_us{0};
+  std::atomic<int64_t> pushed{0};
   std::mutex done_mutex;
   std::vector<PyObject*> done;       // released by the host, with the GIL
   // Host threads waiting for the worker (wait_completed: a sync point, an event): each
@@ -1007,11 +1021,20 @@ struct Queue : std::enable_shared_from_this<Queue> {
     q.has_thread.store(true, std::memory_order_release);
     at::init_num_threads();  // the intra-op threads torch.set_num_threads asks for, on this thread too
     enter_host_pool();       // its kernels' blocks come from the pool (host_pool.cpp)
+    int64_t taken = 0;       // batches taken (q.pushed counts those pushed)
     while (true) {
       std::vector<Item> batch;
       {
+        int64_t spin = q.spin_us.load(std::memory_order_acquire);
+        if (spin > 0 && q.pushed.load(std::memory_order_acquire) == taken) {
+          auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin);
+          while (q.pushed.load(std::memory_order_acquire) == taken && std::chrono::steady_clock::now() < until) {
+            pause();
+          }
+        }
         std::unique_lock<std::mutex> lock(q.mutex);
         q.ready.wait(lock, [&] { return !q.batches.empty(); });
+        ++taken;
         batch = std::move(q.batches.front());
         q.batches.pop_front();
       }
@@ -1051,11 +1074,7 @@ struct Queue : std::enable_shared_from_this<Queue> {
       py::gil_scoped_release no_gil;
       auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
       while (completed.load(std::memory_order_acquire) < target && std::chrono::steady_clock::now() < until) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#elif defined(__aarch64__)
-        asm volatile("yield");
-#endif
+        pause();
       }
     }
     while (true) {
@@ -1105,6 +1124,7 @@ struct Queue : std::enable_shared_from_this<Queue> {
     {
       std::lock_guard<std::mutex> lock(mutex);
       batches.push_back(std::move(items));
+      pushed.fetch_add(1, std::memory_order_release);
     }
     ready.notify_one();
   }
@@ -1126,9 +1146,12 @@ struct Queue : std::enable_shared_from_this<Queue> {
   }
 
   void flags(std::optional<bool> pending, std::optional<bool> faulting, std::optional<bool> poisoned,
-             std::optional<int> intra_op_threads) {
+             std::optional<int> intra_op_threads, std::optional<int64_t> idle_spin_us) {
     if (intra_op_threads) {
       threads.store(*intra_op_threads, std::memory_order_release);
+    }
+    if (idle_spin_us) {
+      spin_us.store(*idle_spin_us, std::memory_order_release);
     }
     if (pending) {
       failure_pending.store(*pending, std::memory_order_release);
@@ -1203,7 +1226,7 @@ void register_executor(py::module& m) {
       .def("wait_completed", &Queue::wait_completed, py::arg("target"), py::arg("spin_us") = 0)
       .def_property_readonly("completed", [](const Queue& q) { return q.completed.load(std::memory_order_acquire); })
       .def("flags", &Queue::flags, py::arg("failure_pending") = py::none(), py::arg("faults") = py::none(),
-           py::arg("poison_seen") = py::none(), py::arg("threads") = py::none())
+           py::arg("poison_seen") = py::none(), py::arg("threads") = py::none(), py::arg("spin_us") = py::none())
       .def("counts", [](const Queue& q) {
         py::dict counts;
         counts["native_launches"] = q.native_launches.load();
@@ -1214,6 +1237,7 @@ void register_executor(py::module& m) {
         counts["native_us"] = q.native_ns.load() / 1000.0;
         counts["interleaved_runs"] = q.interleaved_runs.load();
         counts["python_items"] = q.python_items.load();
+        counts["idle_spin_us"] = q.spin_us.load();
         counts["worker_threads"] = q.worker_threads.load();
         return counts;
       })

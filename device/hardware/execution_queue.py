@@ -66,9 +66,10 @@ from .profiler import PROFILER
 _native.executor_types(ViewRef, ReinterpretRef)  # the references a native program resolves
 
 HOST_LOCK = threading.RLock()
-# The longest a host thread waiting for the worker polls before it sleeps, when a core is
-# free for it (ExecutionQueue.follow_threads). An assumption sized to the waits it should
-# catch: a `generate` token's sync waits 0.1-2 ms for its graph here (bench/realtime.py);
+# The longest a host thread waiting for the worker, or the worker waiting for work, polls
+# before it sleeps, when a core is free for it (ExecutionQueue.follow_threads). An
+# assumption sized to the waits it should catch: a `generate` token's sync waits 0.1-2 ms for
+# its graph here, and the host prepares the next token for about 1 ms (bench/realtime.py);
 # past it, the thread sleeps and pays the wake-up.
 SPIN_US = 2000
 
@@ -423,16 +424,20 @@ class ExecutionQueue:
         attention kernel's does), and must be the one the host would compute. Called at
         start, and by ``torch.set_num_threads`` after it drained the queue (``backend.py``).
 
-        It also decides whether a host thread waiting for the worker (a sync point) polls
-        before it sleeps: only when a core is left over by the worker's threads, as CUDA's
-        default schedule spins only while there are fewer active contexts than cores. A sleep
-        costs a wake-up on each side (about 30 us each here); ``generate`` syncs every token.
-        In-process A/B, alternating steps (HF Llama ``generate``, one intra-op thread, 2 cores):
-        adaptive 1.30 -> 1.23x CPU eager, compiled 1.03 -> 1.01x, strict 1.24 -> 1.20x."""
+        It also decides whether the two threads poll before they sleep, a host thread
+        waiting for the worker (a sync point) and the worker waiting for the next batch:
+        only when a core is left over by the worker's threads, as CUDA's default schedule
+        spins only while there are fewer active contexts than cores. A sleep costs a
+        wake-up on each side (about 30 us each on this virtual machine, and a system call
+        for the thread that wakes it); ``generate`` syncs every token. In-process A/B,
+        alternating steps (HF Llama ``generate``, one intra-op thread, 2 cores): the host
+        polling, adaptive 1.30 -> 1.23x CPU eager, compiled 1.03 -> 1.01x, strict 1.24 ->
+        1.20x; the worker polling too, compiled 1.00 -> 0.96x and 1.00 -> 0.95x (two
+        runs), adaptive and strict 3-4% faster; the Llama training step unchanged (1.005)."""
         threads = torch.get_num_threads()
-        self._worker.flags(threads=threads)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.spin_us = SPIN_US if threads < cores else 0
+        self._worker.flags(threads=threads, spin_us=self.spin_us)
 
     def _run_item(self, item) -> None:
         """A Python item, on the worker (with the GIL). The worker drops each item (and the

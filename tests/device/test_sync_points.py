@@ -137,8 +137,9 @@ def test_a_signal_interrupts_a_host_waiting_for_the_worker(strict_mode):
 
 
 def test_a_waiting_host_polls_only_while_a_core_is_left_free(any_mode, monkeypatch):
-    """Polling before sleeping takes a core: only when the worker's intra-op threads (the
-    host's ``torch.get_num_threads()``) leave one, re-decided by ``torch.set_num_threads``."""
+    """Polling before sleeping takes a core: the host waiting for the worker and the worker
+    waiting for work poll only when the worker's intra-op threads (the host's
+    ``torch.get_num_threads()``) leave one, re-decided by ``torch.set_num_threads``."""
     import os
 
     from adaptive_eager_device.hardware import execution_queue
@@ -147,9 +148,10 @@ def test_a_waiting_host_polls_only_while_a_core_is_left_free(any_mode, monkeypat
     torch.randn(4, device="neuron").sum().item()  # the worker runs
     saved = torch.get_num_threads()
     try:
+        queue = execution_queue.QUEUE
         torch.set_num_threads(3)
-        assert execution_queue.QUEUE.spin_us == execution_queue.SPIN_US > 0
+        assert queue.spin_us == queue.native_counts()["idle_spin_us"] == execution_queue.SPIN_US > 0
         torch.set_num_threads(4)
-        assert execution_queue.QUEUE.spin_us == 0
+        assert queue.spin_us == queue.native_counts()["idle_spin_us"] == 0
     finally:
         torch.set_num_threads(saved)
