@@ -133,12 +133,14 @@ class ExecutionQueue:
         # under the garbage collector's first threshold (700 allocations), so a long run of
         # small ops without a sync neither triggers collections nor ages records into the
         # old generation, and the worker runs a batch while the host records the next.
-        # Measured (bench/overhead.py, 64-element ops; 1024 before): 20,000 ops per sync,
-        # strict 10.8-12.2 -> 7.1-7.5 us/op to the sync, adaptive 9.3 -> 5.5; 1,000 ops per sync,
-        # strict 10.9 -> 7.8, adaptive 7.9 -> 5.8; 32-128 measure alike, 256 worse.
+        # Measured in one process, alternating (bench/overhead.py's chain of 64-element ops;
+        # 1024 before): 20,000 ops per sync, strict 10.8-12.2 -> 7.1-7.5 us/op to the sync,
+        # adaptive 9.3 -> 5.5; 1,000 ops per sync, strict 10.9 -> 7.8, adaptive 7.9 -> 5.8;
+        # 32-128 measure alike, 256 worse.
         self.batch_items = 64
         self.batch_bytes = 1 << 20
-        # How long a host thread waiting for the worker polls before it sleeps (follow_threads).
+        # How long a host thread waiting for the worker, and the worker waiting for work,
+        # poll before they sleep (follow_threads sets both).
         self.spin_us = 0
 
     # -- host side -------------------------------------------------------------------
