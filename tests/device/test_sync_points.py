@@ -116,10 +116,12 @@ def test_a_signal_interrupts_a_host_waiting_for_the_worker(strict_mode):
 
     a = torch.randn(1024, 1024, device="neuron")
     torch.neuron.synchronize()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the work below takes a second or so on any machine
     previous = signal.signal(signal.SIGALRM, handler)
     try:
         y = a
-        for _ in range(40):  # seconds of work on the worker
+        for _ in range(40):  # 86 GFLOP on the worker: far more than the 100 ms between polls
             y = (y @ a).tanh()
         signal.setitimer(signal.ITIMER_REAL, 0.05)
         with pytest.raises(Interrupted):
@@ -128,7 +130,8 @@ def test_a_signal_interrupts_a_host_waiting_for_the_worker(strict_mode):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-    torch.neuron.synchronize()
+        torch.neuron.synchronize()
+        torch.set_num_threads(threads)
     assert still_queued > 0
     expected = a.cpu()
     for _ in range(40):
