@@ -51,6 +51,11 @@ constexpr size_t kMinBytes = 64 * 1024;
 constexpr size_t kMinLimit = 256ull << 20;
 constexpr size_t kPage = 4096;
 
+// Does a block of `size` bytes serve a request for `nbytes` (at most an eighth and a page more)?
+bool serves(size_t size, size_t nbytes) {
+  return size >= nbytes && size <= nbytes + nbytes / 8 + kPage;
+}
+
 thread_local bool on_worker = false;
 // Blocks reserved for this worker's next allocations (reserve_host_blocks): (size, block).
 thread_local std::vector<std::pair<size_t, void*>> reserved;
@@ -76,7 +81,7 @@ struct Pool {
   // A block of at least `nbytes`, or nullptr (a new one is the caller's to make).
   void* take(size_t nbytes) {
     auto found = free_by_size.lower_bound(nbytes);
-    if (found == free_by_size.end() || found->first > nbytes + nbytes / 8 + kPage) {
+    if (found == free_by_size.end() || !serves(found->first, nbytes)) {
       return nullptr;
     }
     void* block = found->second;
@@ -178,7 +183,7 @@ struct PoolAllocator final : c10::Allocator {
       return p.replaced->allocate(nbytes);
     }
     for (auto it = reserved.begin(); it != reserved.end(); ++it) {  // (in use since reserved)
-      if (it->first >= nbytes && it->first <= nbytes + nbytes / 8 + kPage) {
+      if (serves(it->first, nbytes)) {
         void* block = it->second;
         reserved.erase(it);
         return c10::DataPtr(block, block, &pool_delete, c10::Device(c10::DeviceType::CPU));

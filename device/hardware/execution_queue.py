@@ -132,11 +132,8 @@ class ExecutionQueue:
         # and its output storages until the host releases it after it ran, ``ring``) stay
         # under the garbage collector's first threshold (700 allocations), so a long run of
         # small ops without a sync neither triggers collections nor ages records into the
-        # old generation, and the worker runs a batch while the host records the next.
-        # Measured in one process, alternating (bench/overhead.py's chain of 64-element ops;
-        # 1024 before): 20,000 ops per sync, strict 10.8-12.2 -> 7.1-7.5 us/op to the sync,
-        # adaptive 9.3 -> 5.5; 1,000 ops per sync, strict 10.9 -> 7.8, adaptive 7.9 -> 5.8;
-        # 32-128 measure alike, 256 worse.
+        # old generation, and the worker runs a batch while the host records the next
+        # (measured against 1,024 and others: docs/PERFORMANCE.md, "Host overhead per op").
         self.batch_items = 64
         self.batch_bytes = 1 << 20
         # How long a host thread waiting for the worker, and the worker waiting for work,
@@ -321,8 +318,10 @@ class ExecutionQueue:
         KeyboardInterrupt)."""
         with HOST_LOCK:
             target = self.submitted
-            if self.completed < target:
-                self.ring()
+            if self.completed >= target:
+                self._worker.release()
+                return
+            self.ring()
         self.wait_for(target)
         with HOST_LOCK:
             self._worker.release()
@@ -430,12 +429,8 @@ class ExecutionQueue:
         waiting for the worker (a sync point) and the worker waiting for the next batch:
         only when a core is left over by the worker's threads, as CUDA's default schedule
         spins only while there are fewer active contexts than cores. A sleep costs a
-        wake-up on each side (about 30 us each on this virtual machine, and a system call
-        for the thread that wakes it); ``generate`` syncs every token. In-process A/B,
-        alternating steps (HF Llama ``generate``, one intra-op thread, 2 cores): the host
-        polling, adaptive 1.30 -> 1.23x CPU eager, compiled 1.03 -> 1.01x, strict 1.24 ->
-        1.20x; the worker polling too, compiled 1.00 -> 0.96x and 1.00 -> 0.95x (two
-        runs), adaptive and strict 3-4% faster; the Llama training step unchanged (1.005)."""
+        wake-up on each side and a system call for the thread that wakes it; ``generate``
+        syncs every token (measured: docs/PERFORMANCE.md, "Host overhead per op")."""
         threads = torch.get_num_threads()
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.spin_us = SPIN_US if threads < cores else 0

@@ -114,8 +114,10 @@ def _disjoint(run) -> bool:
                     storage = _tensor_storage(item)
                     if storage is not None:
                         where.setdefault(id(storage), set()).add(index)
-            elif _tensor_storage(value) is not None:
-                single.add(id(_tensor_storage(value)))
+            else:
+                storage = _tensor_storage(value)
+                if storage is not None:
+                    single.add(id(storage))
         for index, storage in enumerate(results):
             where.setdefault(id(storage), set()).add(index)
     return not (single & written) and all(len(at) == 1 for key, at in where.items() if key in written)
