@@ -203,7 +203,7 @@ class GraphRunner:
         """A call replayed from its template; None when its memory cannot be allocated (the
         FX code then runs, and raises at the op, as eager does)."""
         try:
-            table, bases = template.bind(args, storages)
+            table, bases, cells = template.bind(args, storages)
         except torch.OutOfMemoryError:
             return None
         previous = sink.current_sink()
@@ -226,12 +226,13 @@ class GraphRunner:
                     first = QUEUE.issue_ops(template.ops)
                     COUNTERS.ops_recorded += template.ops
                     call = replay.ReplayedCall(template, table, stream, first, plan, program[1])
-                    return _native.bind(program[0], table, call), program[1], stream
+                    return _native.bind(program[0], table, call, cells), program[1], stream
 
                 if not self.sink.hand_over_program(Flush.GRAPH, key, native_launch):
+                    cells.wrap(table)  # the records name every storage
                     self.sink.records = template.issue(table)
                     self.sink.flush(Flush.GRAPH, key)
-                table = None
+                table = cells = None
         finally:
             sink.set_sink(previous)
         entry = self.entry

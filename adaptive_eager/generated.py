@@ -52,7 +52,7 @@ from adaptive_eager_device.dynamo import BACKGROUND_TRACERS
 from adaptive_eager_device.hardware.execution_queue import QUEUE
 from adaptive_eager_device.memory.storage import DeviceStorage
 
-from .replay_records import Slot, _ViewSlot
+from .replay_records import Fresh as _Fresh, Slot, _ViewSlot
 
 LOG = logging.getLogger("adaptive_eager.generated")
 
@@ -132,10 +132,10 @@ def reset_counts() -> None:
 
 
 def _layout(entry):
-    if isinstance(entry, DeviceStorage):
-        return tuple(entry.shape), tuple(entry.stride), entry.dtype
     if isinstance(entry, torch.Tensor):  # a host input's snapshot
         return tuple(entry.shape), tuple(entry.stride()), entry.dtype
+    if isinstance(entry, (DeviceStorage, _Fresh)):  # (an intermediate: its slot's layout)
+        return tuple(entry.shape), tuple(entry.stride), entry.dtype
     return None
 
 

@@ -44,7 +44,7 @@ from adaptive_eager_device.hardware.execution_queue import QUEUE
 from adaptive_eager_device.hardware.profiler import PROFILER
 from adaptive_eager_device.hardware.profiler import issued_all as profiler_issued_all
 from adaptive_eager_device.memory.storage import (
-    MEMORY, DeviceStorage, rounded_nbytes, storage_nbytes,
+    MEMORY, DeviceStorage, rounded_nbytes,
 )
 from adaptive_eager_device.hardware.streams import STATE as _STREAMS
 from adaptive_eager_device.memory.tensor import describe, device_tensor, storage_of
@@ -54,7 +54,7 @@ from adaptive_eager_device.hardware.fused_kernel import WindowLaunches, add_laun
 from adaptive_eager_device.hardware.plan import library_kernels_off
 
 from . import generated
-from .replay_records import NotReplayable, RecordTemplate, Slot
+from .replay_records import Fresh as _Fresh, NotReplayable, RecordTemplate, Slot
 from .window import structure_key
 
 _SCALARS = (int, float, bool, type(None))
@@ -96,17 +96,6 @@ def input_signature(args):
     return tuple(key), storages
 
 
-class _Fresh:
-    """A storage the call allocated: made afresh at every replay."""
-
-    __slots__ = ("shape", "stride", "dtype", "nbytes", "escapes")
-
-    def __init__(self, storage: DeviceStorage, escapes: bool) -> None:
-        self.shape, self.stride, self.dtype = storage.shape, storage.stride, storage.dtype
-        self.nbytes = storage_nbytes(storage.shape, storage.stride, storage.dtype.itemsize)
-        self.escapes = escapes  # an output's storage: it gets a PrivateUse1 storage (a tensor)
-
-
 class Recording:
     """Watches the call that records a template: what would make it unreplayable."""
 
@@ -131,7 +120,7 @@ class Template:
     (module docstring)."""
 
     __slots__ = ("slots", "records", "outputs", "ops", "table", "inputs", "hosts", "fresh_numbers", "escaping",
-                 "layouts", "total", "skeleton", "written", "programs", "jobs")
+                 "fresh_slots", "skeleton", "written", "programs", "jobs")
 
     def __init__(self, recording: Recording, outputs, args_after, gm) -> None:
         records = recording.records
@@ -200,24 +189,25 @@ class Template:
     def _plan_binding(self) -> None:
         """What ``bind`` does at every call, sorted once: the constants' table (one entry
         per slot, and a last one, None, for the results a record does not make), where
-        inputs and host inputs go, and the fresh storages' layouts, booked together (made
-        not alive, but for those an output escapes through: most are intermediates)."""
+        inputs and host inputs go, and the fresh storages' layouts, booked together (the
+        C side's ``FreshSlots``: storages for those an output escapes through, cells alone
+        for the others, the call's intermediates)."""
         self.table = [None] * (len(self.slots) + 1)
         inputs, hosts, fresh, layouts = [], [], [], []
         for number, slot in enumerate(self.slots):
             if type(slot) is _Fresh:
                 fresh.append((number, slot))
-                layouts.append((slot.shape, slot.stride, slot.dtype, rounded_nbytes(slot.nbytes), slot.escapes))
+                layouts.append((number, slot.shape, slot.stride, slot.dtype, rounded_nbytes(slot.nbytes), slot.escapes))
             elif slot[0] == "input":
                 inputs.append((number, slot[1]))
             elif slot[0] == "host":
                 hosts.append((number, slot[1]))
             else:
                 self.table[number] = slot[1]
-        self.inputs, self.hosts, self.layouts = tuple(inputs), tuple(hosts), tuple(layouts)
+        self.inputs, self.hosts = tuple(inputs), tuple(hosts)
         self.fresh_numbers = tuple(number for number, _ in fresh)
-        self.escaping = tuple((i, number, slot) for i, (number, slot) in enumerate(fresh) if slot.escapes)
-        self.total = sum(layout[3] for layout in layouts)
+        self.escaping = tuple((number, slot) for number, slot in fresh if slot.escapes)
+        self.fresh_slots = DeviceStorage.fresh_slots(layouts, len(self.table))
 
     def _plan_structure(self) -> None:
         """The window's plan-cache key (``window.structure_key``) as far as every call
@@ -246,20 +236,20 @@ class Template:
 
     def bind(self, args, storages):
         """The slot table for a call: input storages, constants, fresh allocations (may
-        raise ``torch.OutOfMemoryError``, before anything is issued), and the output
-        tensors' bases (slot -> the tensor over that storage)."""
-        made = DeviceStorage.allocate_all(self.layouts, self.total)
+        raise ``torch.OutOfMemoryError``, before anything is issued; an intermediate's
+        entry stays None, its cell in the ``FreshCells`` returned: ``cells.wrap(table)``
+        makes its storage where Python needs it), and the output tensors' bases (slot ->
+        the tensor over that storage)."""
         table = self.table.copy()
-        for number, storage in zip(self.fresh_numbers, made):
-            table[number] = storage
-        bases = {number: device_tensor(slot.shape, slot.stride, slot.dtype, made[i], slot.nbytes)
-                 for i, number, slot in self.escaping}
+        cells = DeviceStorage.allocate(self.fresh_slots, table)
+        bases = {number: device_tensor(slot.shape, slot.stride, slot.dtype, table[number], slot.nbytes)
+                 for number, slot in self.escaping}
         for number, k in self.inputs:
             table[number] = storages[k]
             bases[number] = args[k]
         for number, k in self.hosts:
             table[number] = args[k].clone()  # the host may change it before the kernel runs
-        return table, bases
+        return table, bases, cells
 
     def outputs_for(self, args, table, bases) -> list:
         outputs = []
@@ -294,8 +284,9 @@ class Template:
         if found is False:
             found = self._build(plan, None)
             self.programs[plan] = found
-            if found is not None and table is not None:
-                job = generated.request(self.records, plan, table)
+            if found is not None and table is not None:  # (an intermediate's layout is its slot's)
+                layouts = [self.slots[n] if entry is None and n < len(self.slots) else entry for n, entry in enumerate(table)]
+                job = generated.request(self.records, plan, layouts)
                 if job is not None:
                     self.jobs[plan] = job
         elif self.jobs:

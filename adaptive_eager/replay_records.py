@@ -18,11 +18,23 @@ import torch
 from adaptive_eager_device import _C as _native
 from adaptive_eager_device.hardware.op_record import OpRecord
 from adaptive_eager_device.ops.rng import GENERATOR
-from adaptive_eager_device.memory.storage import DeviceStorage, ReinterpretRef, ViewRef
+from adaptive_eager_device.memory.storage import DeviceStorage, ReinterpretRef, ViewRef, storage_nbytes
 
 
 class NotReplayable(Exception):
     """Why a call's template cannot be replayed (the fallback reason counted)."""
+
+
+class Fresh:
+    """A storage a compiled call allocated (a template's slot, ``replay.py``): made afresh at
+    every replay."""
+
+    __slots__ = ("shape", "stride", "dtype", "nbytes", "escapes")
+
+    def __init__(self, storage: DeviceStorage, escapes: bool) -> None:
+        self.shape, self.stride, self.dtype = storage.shape, storage.stride, storage.dtype
+        self.nbytes = storage_nbytes(storage.shape, storage.stride, storage.dtype.itemsize)
+        self.escapes = escapes  # an output's storage: it gets a PrivateUse1 storage (a tensor)
 
 
 class Slot:

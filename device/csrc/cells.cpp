@@ -15,6 +15,7 @@
 
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/TensorImpl.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -81,6 +82,12 @@ void unbook(int64_t nbytes) {
   books.live_blocks -= 1;
 }
 }  // namespace
+
+Cell::~Cell() {
+  if (booked >= 0) {
+    unbook(booked);
+  }
+}
 
 at::Tensor Cell::materialize() {
   std::lock_guard<std::mutex> guard(cell_mutex);
@@ -390,63 +397,6 @@ PyObject* make_storage(PyTypeObject* type, Layout& layout) {
   return self;
 }
 
-// allocate_storages(type, layouts, total, capacity) -> [storage] or None: storages for
-// `layouts` ((shape, stride, dtype, booked bytes[, alive]) each; `total` their sum), booked
-// at once, or None (an OOM counted, nothing booked) when they do not all fit. `alive` False:
-// a storage no PrivateUse1 storage will reference (a compiled call's intermediate).
-PyObject* allocate_storages(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
-  HANDLE_TH_ERRORS
-  TORCH_CHECK(nargs == 4 && is_storage_type(args[0]),
-              "allocate_storages(type, layouts, total, capacity)");
-  auto* type = reinterpret_cast<PyTypeObject*>(args[0]);
-  PyObject* fast = PySequence_Fast(args[1], "allocate_storages: a sequence of layouts expected");
-  if (fast == nullptr) {
-    return nullptr;
-  }
-  py::object owned = py::reinterpret_steal<py::object>(fast);
-  Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
-  std::vector<Layout> layouts;
-  layouts.reserve(static_cast<size_t>(count));
-  for (Py_ssize_t i = 0; i < count; ++i) {
-    PyObject* layout = PySequence_Fast_GET_ITEM(fast, i);
-    TORCH_CHECK(PyTuple_Check(layout) && (PyTuple_GET_SIZE(layout) == 4 || PyTuple_GET_SIZE(layout) == 5),
-                "a layout is (shape, stride, dtype, nbytes[, alive])");
-    layouts.push_back(read_layout(PyTuple_GET_ITEM(layout, 0), PyTuple_GET_ITEM(layout, 1), PyTuple_GET_ITEM(layout, 2),
-                                  as_int(PyTuple_GET_ITEM(layout, 3))));
-    if (PyTuple_GET_SIZE(layout) == 5) {
-      int alive = PyObject_IsTrue(PyTuple_GET_ITEM(layout, 4));
-      if (alive < 0) {
-        throw python_error();
-      }
-      layouts.back().alive = alive != 0;
-    }
-  }
-  if (!book(as_int(args[2]), count, as_int(args[3]))) {
-    Py_RETURN_NONE;
-  }
-  PyObject* made = PyList_New(count);
-  if (made == nullptr) {
-    return nullptr;
-  }
-  py::object result = py::reinterpret_steal<py::object>(made);
-  Py_ssize_t i = 0;
-  try {
-    for (; i < count; ++i) {
-      PyList_SET_ITEM(made, i, make_storage(type, layouts[static_cast<size_t>(i)]));
-    }
-  } catch (...) {  // (out of memory making an object) those made free their own bytes
-    std::lock_guard<std::mutex> guard(books.mutex);
-    for (Py_ssize_t rest = i; rest < count; ++rest) {
-      books.allocated -= layouts[static_cast<size_t>(rest)].nbytes;
-    }
-    books.allocations -= count - i;
-    books.live_blocks -= count - i;
-    throw;
-  }
-  return result.release().ptr();
-  END_HANDLE_TH_ERRORS
-}
-
 int64_t rounded(int64_t nbytes) {
   return (nbytes + kAllocationGranularity - 1) / kAllocationGranularity * kAllocationGranularity;
 }
@@ -500,7 +450,6 @@ PyObject* set_books(PyObject* /*module*/, PyObject* const* args, Py_ssize_t narg
 #define FASTCALL(function) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(function)), METH_FASTCALL
 
 PyMethodDef book_methods[] = {
-    {"allocate_storages", FASTCALL(allocate_storages), "Storages for layouts, booked at once (None: they do not fit)."},
     {"new_storage", FASTCALL(new_storage), "One storage, booked (None: it does not fit)."},
     {"book", FASTCALL(book_bytes), "Book allocations of bytes (False: they do not fit)."},
     {"books", get_books, METH_NOARGS, "(allocated, peak, reserved, allocations, frees, ooms, live_blocks)"},
@@ -515,6 +464,63 @@ PyTypeObject StorageType = {
 };
 
 }  // namespace
+
+bool fresh_cells(PyTypeObject* type, const std::vector<FreshLayout>& fresh, int64_t total, int64_t capacity,
+                 PyObject* table, std::vector<c10::intrusive_ptr<Cell>>& cells) {
+  if (!book(total, static_cast<int64_t>(fresh.size()), capacity)) {
+    return false;
+  }
+  size_t made = 0;
+  try {
+    for (; made < fresh.size(); ++made) {
+      const FreshLayout& layout = fresh[made];
+      if (layout.escapes) {
+        Layout own{layout.shape, layout.stride, layout.dtype_object, layout.sizes, layout.strides, layout.nbytes};
+        PyObject* storage = make_storage(type, own);  // its dealloc frees its bytes
+        if (PyList_SetItem(table, layout.slot, storage) < 0) {
+          throw python_error();
+        }
+      } else {
+        auto cell = c10::make_intrusive<Cell>();
+        cell->sizes = layout.sizes;
+        cell->strides = layout.strides;
+        cell->dtype = layout.dtype;
+        cell->booked = layout.nbytes;  // freed with the cell
+        cells[static_cast<size_t>(layout.slot)] = std::move(cell);
+      }
+    }
+  } catch (...) {  // those made free their own bytes; the rest are unbooked here
+    std::lock_guard<std::mutex> guard(books.mutex);
+    for (size_t rest = made; rest < fresh.size(); ++rest) {
+      books.allocated -= fresh[rest].nbytes;
+    }
+    books.allocations -= static_cast<int64_t>(fresh.size() - made);
+    books.live_blocks -= static_cast<int64_t>(fresh.size() - made);
+    throw;
+  }
+  return true;
+}
+
+PyObject* storage_over(PyTypeObject* type, const c10::intrusive_ptr<Cell>& cell) {
+  py::object shape = py::cast(cell->sizes);
+  py::object stride = py::cast(cell->strides);
+  PyObject* self = storage_new(type, nullptr, nullptr);
+  if (self == nullptr) {
+    throw python_error();
+  }
+  auto* object = as_storage(self);
+  c10::intrusive_ptr<Cell>::reclaim(object->cell);  // (the one storage_new made)
+  object->cell = c10::intrusive_ptr<Cell>(cell).release();
+  PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(cell->dtype));
+  for (auto [field, value] : {std::pair{&object->shape, py::tuple(shape).release().ptr()},
+                              {&object->stride, py::tuple(stride).release().ptr()}, {&object->dtype, Py_NewRef(dtype)}}) {
+    Py_SETREF(*field, value);
+  }
+  object->nbytes = cell->booked;  // its dealloc frees them from now on
+  cell->booked = -1;
+  object->alive = false;  // an intermediate: no PrivateUse1 storage references it
+  return self;
+}
 
 PyTypeObject* storage_type() {
   return &StorageType;

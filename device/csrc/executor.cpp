@@ -557,15 +557,84 @@ class Builder {
   std::vector<c10::intrusive_ptr<Cell>> cells_;
 };
 
-// bind(program, storages, fallback) -> a Launch of `program` over these storages.
-std::shared_ptr<Launch> bind(std::shared_ptr<Program> program, py::list storages, py::object fallback) {
+// A compiled call's intermediates (replay.py: Template.bind): the cells of the storages it
+// makes that nothing outside the call sees, by slot (null elsewhere). They have no
+// DeviceStorage unless Python needs one (wrap: the records' path; a launch's fallback).
+struct FreshCells {
+  std::vector<c10::intrusive_ptr<Cell>> cells;
+};
+
+// The type intermediates' storages are made of when Python needs them (DeviceStorage).
+PyTypeObject* intermediate_type = nullptr;
+
+// table[slot] = a DeviceStorage over the cell, wherever table[slot] is None and the cell
+// books its own bytes (an intermediate without one yet).
+void wrap_intermediates(PyObject* table, const std::vector<c10::intrusive_ptr<Cell>>& cells) {
+  auto count = std::min(static_cast<size_t>(PyList_GET_SIZE(table)), cells.size());
+  for (size_t slot = 0; slot < count; ++slot) {
+    const auto& cell = cells[slot];
+    if (cell && cell->booked >= 0 && PyList_GET_ITEM(table, static_cast<Py_ssize_t>(slot)) == Py_None) {
+      PyList_SetItem(table, static_cast<Py_ssize_t>(slot), storage_over(intermediate_type, cell));
+    }
+  }
+}
+
+// A template's fresh storages, read once (FreshSlots(type, layouts, total): layouts are
+// (slot, shape, stride, dtype, booked bytes, escapes) each; `total` their bytes' sum), and
+// made at each call by allocate(table, capacity) -> FreshCells, or None when they do not fit
+// (an OOM counted, nothing booked).
+struct FreshSlots {
+  std::vector<FreshLayout> fresh;
+  int64_t total = 0;
+  int32_t slots = 0;
+  py::list held;  // the layouts' Python objects
+  py::object type;
+
+  FreshSlots(py::object storage_type, py::list layouts, int64_t total_bytes, int32_t table_size)
+      : total(total_bytes), slots(table_size), held(layouts), type(std::move(storage_type)) {
+    TORCH_CHECK(PyType_Check(type.ptr()), "FreshSlots: a storage type expected");
+    if (intermediate_type == nullptr) {
+      intermediate_type = reinterpret_cast<PyTypeObject*>(py::object(type).release().ptr());
+    }
+    for (py::handle item : layouts) {
+      auto layout = py::reinterpret_borrow<py::tuple>(item);
+      TORCH_CHECK(layout.size() == 6 && THPDtype_Check(layout[3].ptr()),
+                  "FreshSlots: (slot, shape, stride, dtype, nbytes, escapes) expected");
+      auto slot = layout[0].cast<int32_t>();
+      TORCH_CHECK(slot >= 0 && slot < slots, "FreshSlots: slot ", slot, " out of range");
+      fresh.push_back(FreshLayout{slot, int_vector(layout[1].ptr()), int_vector(layout[2].ptr()),
+                                  reinterpret_cast<THPDtype*>(layout[3].ptr())->scalar_type, layout[4].cast<int64_t>(),
+                                  layout[1].ptr(), layout[2].ptr(), layout[3].ptr(), layout[5].cast<bool>()});
+    }
+  }
+
+  std::shared_ptr<FreshCells> allocate(py::list table, int64_t capacity) {
+    TORCH_CHECK(static_cast<int32_t>(table.size()) == slots, "FreshSlots.allocate: a table of ", slots, " expected");
+    auto made = std::make_shared<FreshCells>();
+    made->cells.resize(static_cast<size_t>(slots));
+    if (!fresh_cells(reinterpret_cast<PyTypeObject*>(type.ptr()), fresh, total, capacity, table.ptr(), made->cells)) {
+      return nullptr;
+    }
+    return made;
+  }
+};
+
+// bind(program, storages, fallback, cells=None) -> a Launch of `program` over these
+// storages; a None storage is its slot's cell in `cells` where it has one.
+std::shared_ptr<Launch> bind(std::shared_ptr<Program> program, py::list storages, py::object fallback,
+                             std::shared_ptr<FreshCells> fresh) {
   TORCH_CHECK(static_cast<int32_t>(py::len(storages)) == program->slots, "bind: ", program->slots,
               " storages expected, got ", py::len(storages));
   auto result = std::make_shared<Launch>();
   result->table.reserve(program->slots);
+  size_t slot = 0;
   for (py::handle storage : storages) {
+    const bool has_fresh = fresh && slot < fresh->cells.size() && fresh->cells[slot];
+    ++slot;
     if (is_storage(storage.ptr())) {
       result->table.push_back(cell_of(storage.ptr()));
+    } else if (has_fresh && storage.ptr() == Py_None) {
+      result->table.push_back(fresh->cells[slot - 1]);
     } else {  // a host tensor (a snapshot taken for this call), or an unused slot (None)
       auto cell = c10::make_intrusive<Cell>();
       if (THPVariable_Check(storage.ptr())) {
@@ -789,6 +858,9 @@ struct Queue : std::enable_shared_from_this<Queue> {
     try {
       py::dict env;
       py::list storages = py::reinterpret_borrow<py::list>(run.launch.storages);
+      if (intermediate_type != nullptr) {
+        wrap_intermediates(storages.ptr(), run.launch.table);  // the fallback's records name them
+      }
       for (size_t slot = 0; slot < run.env.size(); ++slot) {
         if (run.env[slot].defined()) {
           env[storages[slot]] = py::reinterpret_steal<py::object>(THPVariable_Wrap(unshared(run.env[slot])));
@@ -1269,7 +1341,14 @@ void register_executor(py::module& m) {
         }
         return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
       });
-  m.def("bind", &bind);
+  m.def("bind", &bind, py::arg("program"), py::arg("storages"), py::arg("fallback"), py::arg("cells") = nullptr);
+  py::class_<FreshCells, std::shared_ptr<FreshCells>>(m, "FreshCells")
+      .def("wrap", [](const FreshCells& fresh, py::list table) { wrap_intermediates(table.ptr(), fresh.cells); },
+           "table[slot] = a DeviceStorage over each intermediate's cell where table[slot] is None");
+  py::class_<FreshSlots>(m, "FreshSlots")
+      .def(py::init<py::object, py::list, int64_t, int32_t>())
+      .def_readonly("total", &FreshSlots::total)
+      .def("allocate", &FreshSlots::allocate);
   m.def("native_op", &native_op);
   m.def("executor_types", &executor_types);
   m.def("slot_types", &slot_types);

@@ -129,7 +129,11 @@ struct Cell : c10::intrusive_ptr_target {
   std::vector<int64_t> strides;
   c10::ScalarType dtype = c10::ScalarType::Float;
   std::atomic<bool> poisoned{false};  // a failed kernel left it without valid data
+  // The bytes it booked itself, freed when it is (-1: none; a DeviceStorage's bytes are the
+  // storage's): a compiled call's intermediate, which has no DeviceStorage (fresh_cells).
+  int64_t booked = -1;
 
+  ~Cell() override;
   at::Tensor materialize();  // the bytes, allocated now if nothing wrote them yet
   at::Tensor value();        // the same, without the lock when they exist
   void adopt(const at::Tensor& result);  // a kernel's result becomes the bytes (or is copied in)
@@ -139,6 +143,26 @@ bool is_storage(PyObject* value);                // a DeviceStorage?
 void set_storage_alive(PyObject* storage, bool alive);  // DeviceStorage.alive, set with no attribute lookup
 c10::intrusive_ptr<Cell> cell_of(PyObject* storage);
 void add_storage_type(PyObject* module);        // _C.StorageBase, DeviceStorage's base
+// A compiled call's fresh storages (replay.py: Template.bind), booked at once as
+// allocate_storages books them: the escaping ones as DeviceStorages of `type` put into
+// `table` at their slots, the others as cells only, by slot in `cells` (each books its own
+// bytes). False (an OOM counted, nothing booked or made) when they do not fit.
+struct FreshLayout {
+  int32_t slot;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  c10::ScalarType dtype;
+  int64_t nbytes;  // booked (rounded up)
+  PyObject* shape;   // (escaping ones) the layout's Python objects, held by the caller
+  PyObject* stride;
+  PyObject* dtype_object;
+  bool escapes;
+};
+bool fresh_cells(PyTypeObject* type, const std::vector<FreshLayout>& fresh, int64_t total, int64_t capacity,
+                 PyObject* table, std::vector<c10::intrusive_ptr<Cell>>& cells);
+// A DeviceStorage of `type` over an intermediate's cell (when Python needs the storage: a
+// fallback, the records' path); its booked bytes become the storage's. New reference.
+PyObject* storage_over(PyTypeObject* type, const c10::intrusive_ptr<Cell>& cell);
 
 // -- the device worker and native launches (executor.cpp) -------------------------------------
 void register_executor(py::module& m);

@@ -125,7 +125,6 @@ def _out_of_memory(nbytes: int) -> torch.OutOfMemoryError:
 
 
 _new_storage = _native.new_storage
-_allocate_storages = _native.allocate_storages
 
 
 class DeviceStorage(_native.StorageBase):
@@ -154,17 +153,26 @@ class DeviceStorage(_native.StorageBase):
         return storage
 
     @classmethod
-    def allocate_all(cls, layouts, total: int) -> list:
-        """Storages for ``layouts`` (``(shape, stride, dtype, bytes rounded up to the
-        allocation granularity[, alive])`` each; ``total`` is their bytes' sum; ``alive``
-        False: a call's intermediate, which no PrivateUse1 storage will reference), booked at once, as
-        allocating them one after the other books them (a compiled graph's replay, which
-        makes all of a call's storages before it issues anything). Raises
+    def fresh_slots(cls, layouts, slots: int):
+        """What a compiled graph's replay makes at each call, read once: ``layouts`` are
+        ``(slot, shape, stride, dtype, bytes rounded up to the allocation granularity,
+        escapes)`` each, in a table of ``slots`` entries. ``allocate`` makes them."""
+        layouts = list(layouts)
+        return _native.FreshSlots(cls, layouts, sum(layout[4] for layout in layouts), slots)
+
+    @staticmethod
+    def allocate(fresh, table: list):
+        """``fresh``'s storages (``fresh_slots``), booked at once, as allocating them one
+        after the other books them (a replay makes all of a call's storages before it
+        issues anything): the escaping ones (an output's) are storages, put into ``table``
+        at their slots; the others, the call's intermediates, are only the C side's cells,
+        by slot in the ``FreshCells`` returned, each freeing its own bytes (no Python object
+        is made for them unless Python needs one: ``FreshCells.wrap(table)``). Raises
         ``torch.OutOfMemoryError`` with none of them booked when they do not all fit."""
-        storages = _allocate_storages(cls, layouts, total, CONFIG.hbm_bytes)
-        if storages is None:
-            raise _out_of_memory(total)
-        return storages
+        cells = fresh.allocate(table, CONFIG.hbm_bytes)
+        if cells is None:
+            raise _out_of_memory(fresh.total)
+        return cells
 
     @classmethod
     def of_bytes(cls, nbytes: int) -> "DeviceStorage":

@@ -197,7 +197,8 @@ def test_a_replays_key_marks_a_written_input_nothing_references_any_more(monkeyp
     (template,) = [t for t in runner.templates.values() if type(t) is replay.Template]
     args = [x, y]
     _, storages = replay.input_signature(args)
-    table, _ = template.bind(args, storages)
+    table, _, cells = template.bind(args, storages)
+    cells.wrap(table)  # the records name every storage
     records = template.issue(table)  # (never launched)
     alive = template.structure(table)
     assert alive == AdaptiveSink._structure(records)
@@ -272,6 +273,41 @@ def test_a_failing_kernel_in_a_replayed_graph_raises_at_the_next_sync_naming_the
     with pytest.raises(adaptive_eager.PoisonedTensorError):
         result.cpu()
     torch.testing.assert_close(g(x.to("neuron"), good.to("neuron")).cpu(), f(x, good))  # recovers
+
+
+def test_a_replayed_launch_handed_back_to_python_runs_its_intermediates_ops():
+    """A replayed call's intermediates are cells without storages (``Template.bind``);
+    when the worker hands its launch to the Python fallback (here: an input poisoned by an
+    earlier failure), the fallback's records need their storages, made over the same
+    cells: the ops that do not read the poisoned input compute as eager does."""
+    def f(x, y):
+        a = x.exp()
+        b = a * 2 + 1  # intermediates, read by the fallback's records
+        return b.sin(), y + 1
+
+    g = torch.compile(f)
+    x, y = torch.randn(64), torch.randn(64)
+    torch.testing.assert_close([t.cpu() for t in g(x.to("neuron"), y.to("neuron"))], list(f(x, y)))
+    index = torch.full((64,), 9, device="neuron")
+    poisoned = torch.gather(torch.randn(64, device="neuron"), 0, index.clamp(max=8) * 9)  # fails on the device
+    with pytest.raises(adaptive_eager.NeuronRuntimeError):
+        torch.neuron.synchronize()
+    fallbacks = _native_fallbacks()
+    first, second = g(x.to("neuron"), poisoned)  # replayed; its launch runs in Python
+    assert compiled()["replays"] == 1
+    with pytest.raises(adaptive_eager.NeuronRuntimeError) as raised:
+        torch.neuron.synchronize()  # the op that read the poisoned input
+    assert f"{HERE}:{_line_of('return b.sin(), y + 1')} in f" in str(raised.value)
+    torch.testing.assert_close(first.cpu(), f(x, y)[0])
+    with pytest.raises(adaptive_eager.PoisonedTensorError):
+        second.cpu()
+    assert _native_fallbacks() > fallbacks  # the launch went to the Python fallback
+
+
+def _native_fallbacks():
+    from adaptive_eager_device.hardware.execution_queue import QUEUE
+
+    return QUEUE.native_counts().get("fallbacks", 0)
 
 
 def test_launch_blocking_runs_the_fx_code_and_raises_inside_the_call():

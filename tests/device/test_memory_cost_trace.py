@@ -52,7 +52,9 @@ def test_out_of_memory_raises_at_allocation_and_loses_nothing(any_mode):
 def test_storages_book_when_made_and_free_when_dropped_with_no_python_finalizer():
     """The books are the C side's: a storage books its rounded bytes when it is made (one at a
     time, or a replay's all at once) and frees them when its last reference goes, with no
-    ``__del__`` to run; a set that does not fit books nothing but the OOM."""
+    ``__del__`` to run; a set that does not fit books nothing but the OOM. A replay's
+    intermediates are cells alone, each freeing its own bytes, until Python asks for their
+    storages (``wrap``), which then free them instead: never twice."""
     from adaptive_eager_device.memory.storage import MEMORY, DeviceStorage
 
     torch.neuron.synchronize()
@@ -61,21 +63,39 @@ def test_storages_book_when_made_and_free_when_dropped_with_no_python_finalizer(
     allocated, allocations, live, frees, ooms = books()
     one = DeviceStorage((3,), (1,), torch.float32, 12)
     assert (one.nbytes, one.shape, one.stride, one.dtype, one.alive) == (512, (3,), (1,), torch.float32, True)
-    made = DeviceStorage.allocate_all([((256,), (1,), torch.float32, 1024)] * 3, 3072)
-    assert books() == (allocated + 512 + 3072, allocations + 4, live + 4, frees, ooms)
-    assert [m.materialize().shape for m in made] == [torch.Size([256])] * 3
-    del made
-    assert books() == (allocated + 512, allocations + 4, live + 1, frees + 3, ooms)
+    # slots 1 and 3 escape (storages in the table), 0 and 2 are intermediates (cells)
+    fresh = DeviceStorage.fresh_slots([(n, (256,), (1,), torch.float32, 1024, n % 2 == 1) for n in range(4)], 5)
+    table = [None] * 5
+    cells = DeviceStorage.allocate(fresh, table)
+    assert books() == (allocated + 512 + 4096, allocations + 5, live + 5, frees, ooms)
+    assert [type(t) is DeviceStorage for t in table] == [False, True, False, True, False]
+    assert [table[n].materialize().shape for n in (1, 3)] == [torch.Size([256])] * 2
+    assert table[1].alive and table[1].nbytes == 1024
+    del cells  # the intermediates: no storage was made for them
+    assert books() == (allocated + 512 + 2048, allocations + 5, live + 3, frees + 2, ooms)
+    table = None
+    assert books() == (allocated + 512, allocations + 5, live + 1, frees + 4, ooms)
+    table = [None] * 5
+    cells = DeviceStorage.allocate(fresh, table)
+    cells.wrap(table)  # the records' path: every intermediate gets its storage, over its cell
+    assert [type(t) is DeviceStorage for t in table] == [True, True, True, True, False]
+    assert (table[0].shape, table[0].stride, table[0].dtype, table[0].nbytes, table[0].alive) == (
+        (256,), (1,), torch.float32, 1024, False)
+    del cells
+    assert books() == (allocated + 512 + 4096, allocations + 9, live + 5, frees + 4, ooms)
+    table = None
+    assert books() == (allocated + 512, allocations + 9, live + 1, frees + 8, ooms)
     del one
-    assert books() == (allocated, allocations + 4, live, frees + 4, ooms)
+    assert books() == (allocated, allocations + 9, live, frees + 9, ooms)
+    too_big = DeviceStorage.fresh_slots([(0, (1,), (1,), torch.uint8, CONFIG.hbm_bytes - allocated + 512, False)], 1)
     with pytest.raises(torch.OutOfMemoryError):
-        DeviceStorage.allocate_all([((1,), (1,), torch.uint8, 512)] * 2, CONFIG.hbm_bytes - allocated + 512)
-    assert books() == (allocated, allocations + 4, live, frees + 4, ooms + 1)
+        DeviceStorage.allocate(too_big, [None])
+    assert books() == (allocated, allocations + 9, live, frees + 9, ooms + 1)
     for bad in (lambda: DeviceStorage(("x",), (1,), torch.float32, 4),  # a layout C cannot read
-                lambda: DeviceStorage.allocate_all([((1,), (1,), torch.uint8, 512), ((1,), ("x",), torch.uint8, 512)], 1024)):
+                lambda: DeviceStorage.fresh_slots([(0, (1,), ("x",), torch.uint8, 512, False)], 1)):
         with pytest.raises(TypeError):
             bad()
-        assert books() == (allocated, allocations + 4, live, frees + 4, ooms + 1)  # booked, then given back
+        assert books() == (allocated, allocations + 9, live, frees + 9, ooms + 1)  # nothing booked, or given back
 
 
 def test_a_storage_freed_while_an_error_propagates_leaves_the_error_alone():
