@@ -391,22 +391,58 @@ def _build_return(entry, structure, outputs, args, kwargs):
     return tuple(values)
 
 
+_LAYOUTS: dict = {}  # an empty-like call's _layout_key -> (shape, stride, dtype, nbytes), from its meta run
+_MAX_LAYOUTS = 4096
+
+
 def allocate(entry, args, kwargs):
-    """``empty``-like ops: a fresh storage, allocated on the host, no kernel."""
+    """``empty``-like ops: a fresh storage, allocated on the host, no kernel. The layout is
+    the op's own on the meta device, run once per distinct call (``_layout_key``)."""
     device = kwargs.get("device")
     if device is not None and device.type == "neuron":
         check_ordinal(device)
-    meta_kwargs = {k: (torch.device("meta") if isinstance(v, torch.device) else v) for k, v in kwargs.items()}
-    meta_args = [
-        torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta") if isinstance(a, _Tensor) else a
-        for a in args
-    ]
-    meta = entry.op(*meta_args, **meta_kwargs)
-    shape, stride = tuple(meta.shape), tuple(meta.stride())
-    nbytes = storage_nbytes(shape, stride, meta.element_size())
+    key = _layout_key(entry, args, kwargs)
+    layout = _LAYOUTS.get(key) if key is not None else None
+    if layout is None:
+        meta_kwargs = {k: (torch.device("meta") if isinstance(v, torch.device) else v) for k, v in kwargs.items()}
+        meta_args = [
+            torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta") if isinstance(a, _Tensor) else a
+            for a in args
+        ]
+        meta = entry.op(*meta_args, **meta_kwargs)
+        shape, stride = tuple(meta.shape), tuple(meta.stride())
+        layout = (shape, stride, meta.dtype, storage_nbytes(shape, stride, meta.element_size()))
+        if key is not None and len(_LAYOUTS) < _MAX_LAYOUTS:
+            _LAYOUTS[key] = layout
+    shape, stride, dtype, nbytes = layout
     # no bytes yet: the first kernel writing it makes them (an upload's copy), or a read
-    tensor = device_tensor(shape, stride, meta.dtype, DeviceStorage(shape, stride, meta.dtype, nbytes), nbytes)
-    fill = deterministic_fill_value(meta.dtype)
+    tensor = device_tensor(shape, stride, dtype, DeviceStorage(shape, stride, dtype, nbytes), nbytes)
+    fill = deterministic_fill_value(dtype)
     if fill is not None:  # deterministic mode: NaN or the largest value, as ATen's empty writes
         record_kernel(op_entry(aten.fill_.Scalar), (tensor, fill), {})
     return tensor
+
+
+def _layout_key(entry, args, kwargs):
+    """What an empty-like call's layout depends on: its op, its arguments (sizes, a tensor's
+    layout, dtype, memory format...) and the default dtype; None (not cached) for an
+    argument of another kind (a symbolic size)."""
+    key = [entry.op, torch.get_default_dtype()]
+    for value in (*args, *kwargs.values()):
+        kind = type(value)
+        if kind is list or kind is tuple:
+            if not all(type(v) is int for v in value):
+                return None
+            key.append(tuple(value))
+        elif isinstance(value, _Tensor):
+            key.append((value.shape, value.stride(), value.dtype))
+        elif kind in _HASHABLE or isinstance(value, _HASHABLE_CLASSES):
+            key.append(value)
+        else:
+            return None
+    key.append(tuple(kwargs))
+    return tuple(key)
+
+
+_HASHABLE = (int, float, bool, type(None), str)
+_HASHABLE_CLASSES = (torch.dtype, torch.layout, torch.memory_format, torch.device)

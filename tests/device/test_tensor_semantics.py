@@ -379,3 +379,34 @@ def test_module_to_keeps_tied_weights_tied():
     cpu.head(cpu.embed(tokens)).sum().backward()
     dev.head(dev.embed(tokens.to("neuron"))).sum().backward()
     assert_same(dev.embed.weight.grad, cpu.embed.weight.grad)  # both uses accumulate into one grad
+
+
+def test_an_empty_like_calls_layout_is_the_meta_devices_for_each_distinct_call():
+    """``recorder.allocate`` runs an empty-like op on the meta device once per distinct call
+    (its sizes, a tensor argument's layout, dtype and memory format, the default dtype) and
+    reuses that layout: each call below gets the layout the CPU gives it."""
+    from adaptive_eager_device.ops import recorder
+
+    base = torch.randn(3, 5)
+    calls = [
+        lambda d, b: torch.empty(2, 3, device=d),
+        lambda d, b: torch.empty((2, 3), dtype=torch.int16, device=d),
+        lambda d, b: torch.empty(1, 3, 4, 5, memory_format=torch.channels_last, device=d),
+        lambda d, b: torch.empty_like(b.t()),
+        lambda d, b: torch.empty_like(b),
+        lambda d, b: torch.empty_like(b.t(), memory_format=torch.contiguous_format),
+        lambda d, b: b.new_empty((4, 2), dtype=torch.float64),
+        lambda d, b: torch.empty_strided((2, 3), (1, 2), device=d),
+    ]
+    for default in (torch.float32, torch.float64, torch.float32):
+        torch.set_default_dtype(default)
+        try:
+            for call in calls:
+                got, want = call("neuron", base.to("neuron")), call("cpu", base)
+                assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
+        finally:
+            torch.set_default_dtype(torch.float32)
+    size = len(recorder._LAYOUTS)
+    for call in calls:
+        call("neuron", base.to("neuron"))
+    assert len(recorder._LAYOUTS) == size  # each met before: no new meta run
