@@ -202,19 +202,28 @@ class GraphRunner:
     def _replay(self, template, args: list, storages):
         """A call replayed from its template; None when its memory cannot be allocated (the
         FX code then runs, and raises at the op, as eager does)."""
+        binder = template.binder
         try:
-            table, bases, cells = template.bind(args, storages)
+            if binder is not None:  # storages, cells and outputs in one C call
+                made = binder.call(args, storages, CONFIG.hbm_bytes)
+                if made is None:
+                    return None
+                table, cells, outputs = made
+            else:
+                table, bases, cells = template.bind(args, storages)
+                outputs = template.outputs_for(args, table, bases)
+                bases = None
         except torch.OutOfMemoryError:
             return None
         previous = sink.current_sink()
         sink.set_sink(self.sink)  # flushes the eager window first
         launched = COUNTERS.kernels_launched
         try:
-            outputs = template.outputs_for(args, table, bases)
-            bases = None
             with HOST_LOCK:  # one issue order, as the per-op path issues under it
-                args.clear()
-                key = template.structure(table)  # (after args.clear: a written input may be dead now)
+                args.clear()  # (before the plan: a written input may be dead now)
+
+                def plan_for(cache):
+                    return template.plan_for(table, cache)
 
                 def native_launch(plan):
                     """One native call of the template's program (its records made only if the
@@ -228,10 +237,10 @@ class GraphRunner:
                     call = replay.ReplayedCall(template, table, stream, first, plan, program[1])
                     return _native.bind(program[0], table, call, cells), program[1], stream
 
-                if not self.sink.hand_over_program(Flush.GRAPH, key, native_launch):
+                if not self.sink.hand_over_program(Flush.GRAPH, plan_for, native_launch):
                     cells.wrap(table)  # the records name every storage
                     self.sink.records = template.issue(table)
-                    self.sink.flush(Flush.GRAPH, key)
+                    self.sink.flush(Flush.GRAPH, template.structure(table))
                 table = cells = None
         finally:
             sink.set_sink(previous)

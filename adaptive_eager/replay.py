@@ -120,7 +120,7 @@ class Template:
     (module docstring)."""
 
     __slots__ = ("slots", "records", "outputs", "ops", "table", "inputs", "hosts", "fresh_numbers", "escaping",
-                 "fresh_slots", "skeleton", "written", "programs", "jobs")
+                 "fresh_slots", "skeleton", "written", "programs", "jobs", "binder", "memo")
 
     def __init__(self, recording: Recording, outputs, args_after, gm) -> None:
         records = recording.records
@@ -183,6 +183,7 @@ class Template:
         self.ops = len(self.records)
         self._plan_binding()
         self._plan_structure()
+        self._plan_native()
         self.programs: dict = {}  # Plan -> (native program, library kernels off), or None
         self.jobs: dict = {}  # Plan -> its fused kernels being generated (generated.py)
 
@@ -225,6 +226,33 @@ class Template:
                for template in self.records for reads, writes, results in (template.numbers,)]
         self.skeleton, self.written = structure_key(ops, referenced)
         self.written = tuple(self.written)
+
+    def _plan_native(self) -> None:
+        """``bind`` and ``outputs_for`` in one C call (``_C.ReplayBinder``) for a template
+        with no host input (a host input's snapshot is taken here, in Python), and the
+        memo of the last plan found (``plan_for``)."""
+        self.memo = None
+        self.binder = None
+        if self.hosts:
+            return
+        bases = [(number, slot.shape, slot.stride, slot.dtype, slot.nbytes) for number, slot in self.escaping]
+        self.binder = _native.ReplayBinder(self.fresh_slots, self.table, list(self.inputs), bases, list(self.outputs),
+                                           [n for _, n in self.written])
+
+    def plan_for(self, table, cache):
+        """This call's plan in ``cache`` (the graph window's plan cache), found as a lookup
+        of ``structure(table)`` finds it; the last one found is found again without building
+        or hashing the key while its written inputs' ``alive`` bits are the same and the cache
+        has not changed (``CountingLRU.relookup``: counted as that lookup)."""
+        bits = self.binder.alive_bits(table) if self.binder is not None else -1
+        memo = self.memo
+        if memo is not None and memo[0] == bits:
+            plan = cache.relookup(memo[1])
+            if plan is not None:
+                return plan
+        plan, ticket = cache.lookup_ticket(self.structure(table))
+        self.memo = (bits, ticket) if bits >= 0 and ticket is not None else None
+        return plan
 
     def structure(self, table) -> tuple:
         """This call's plan-cache key: ``AdaptiveSink._structure`` of its records."""

@@ -295,9 +295,10 @@ class AdaptiveSink:
                 if (launch, index) not in off:
                     FUSION.pattern(name, ops)
 
-    def hand_over_program(self, reason: str, key: tuple, launch_for) -> bool:
+    def hand_over_program(self, reason: str, plan_for, launch_for) -> bool:
         """A window whose records were never made (a compiled graph's replayed call): its
-        plan looked up by ``key`` as ``flush`` looks it up, and ``launch_for(plan)`` ->
+        plan looked up by ``plan_for(plan_cache)`` as ``flush`` looks it up (its plan-cache
+        key, ``replay.Template.plan_for``), and ``launch_for(plan)`` ->
         ``(native launch, library kernels off, stream)`` or None handed to the queue with
         the same accounting. False (nothing done) when the plan is not cached yet, faults are
         injected, the timeline or a torch profile is recorded or the native path is off:
@@ -307,7 +308,7 @@ class AdaptiveSink:
         failed = QUEUE.take_failed_kernels()
         if failed:
             self._mark_unfusable(failed)
-        plan = self.plan_cache.lookup(key)
+        plan = plan_for(self.plan_cache)
         if plan is None:
             return False
         made = launch_for(plan)

@@ -21,6 +21,7 @@ class CountingLRU:
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+        self.generation = 0  # entries added or removed so far (a ticket holds while it stays)
 
     def lookup(self, key):
         """The cached value (now the most recently used), or None; counts a hit or a miss."""
@@ -32,10 +33,32 @@ class CountingLRU:
             self.hits += 1
         return value
 
+    def lookup_ticket(self, key):
+        """``lookup``, and a ticket for :meth:`relookup`: ``(value, ticket)``, or ``(None,
+        None)`` on a miss."""
+        value = self.lookup(key)
+        if value is None:
+            return None, None
+        return value, (self.generation, next(reversed(self._data)), value)  # (the entry's own key)
+
+    def relookup(self, ticket):
+        """The ticket's value again, as a ``lookup`` of its key counts and orders it, without
+        hashing the key (a compiled graph's plan-cache key has hundreds of items), while no
+        entry was added or removed since the ticket; None (nothing counted) otherwise."""
+        generation, key, value = ticket
+        if generation != self.generation:
+            return None
+        data = self._data
+        if next(reversed(data)) is not key:
+            data.move_to_end(key)
+        self.hits += 1
+        return value
+
     def __setitem__(self, key, value) -> None:
         data = self._data
         data[key] = value
         data.move_to_end(key)
+        self.generation += 1
         while len(data) > self.maxsize:
             data.popitem(last=False)
             self.evictions += 1
@@ -47,9 +70,11 @@ class CountingLRU:
         return len(self._data)
 
     def pop(self, key, default=None):
+        self.generation += 1
         return self._data.pop(key, default)
 
     def clear(self) -> None:
+        self.generation += 1
         self._data.clear()
 
     def stats(self) -> dict:

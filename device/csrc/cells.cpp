@@ -535,6 +535,10 @@ bool is_storage(PyObject* value) {
   return PyObject_TypeCheck(value, &StorageType);
 }
 
+bool storage_alive(PyObject* storage) {
+  return as_storage(storage)->alive;
+}
+
 void set_storage_alive(PyObject* storage, bool alive) {
   if (is_storage(storage)) {
     as_storage(storage)->alive = alive;

@@ -33,6 +33,7 @@
 #include <ATen/core/stack.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/as_strided.h>
 #include <ATen/ops/empty_strided.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/inductor/aoti_torch/utils.h>
@@ -608,7 +609,7 @@ struct FreshSlots {
     }
   }
 
-  std::shared_ptr<FreshCells> allocate(py::list table, int64_t capacity) {
+  std::shared_ptr<FreshCells> allocate(py::list table, int64_t capacity) const {
     TORCH_CHECK(static_cast<int32_t>(table.size()) == slots, "FreshSlots.allocate: a table of ", slots, " expected");
     auto made = std::make_shared<FreshCells>();
     made->cells.resize(static_cast<size_t>(slots));
@@ -616,6 +617,167 @@ struct FreshSlots {
       return nullptr;
     }
     return made;
+  }
+};
+
+// A compiled graph's template bound to a call in one C call (replay.py: Template.bind and
+// Template.outputs_for, which it replaces where the template has no host inputs):
+// ReplayBinder(fresh, constants, inputs, bases, outputs, written) with `fresh` a
+// FreshSlots, `constants` the template's table (constants at their slots, None elsewhere),
+// `inputs` (slot, argument index) pairs, `bases` (slot, shape, stride, dtype, nbytes) for
+// the fresh storages an output is made over, `outputs` one spec each (replay.py:
+// _output_specs), `written` the slots whose storage's `alive` makes the plan-cache key.
+// call(args, storages, capacity) -> (table, cells, outputs), or None (nothing booked) when
+// the fresh storages do not fit; alive_bits(table) -> an int, bit i the `alive` of the
+// storage at written[i].
+struct ReplayBinder {
+  struct Base {
+    int32_t slot;
+    py::object shape, stride, dtype, nbytes;
+  };
+  struct Output {
+    enum Kind { Input, Same, Value, Tensor } kind;
+    int32_t index = 0;  // Input: the argument; Same: the output; Tensor: the slot
+    py::object value;   // Value
+    std::vector<int64_t> sizes, strides;
+    int64_t offset = 0;
+    bool whole = false;  // Tensor: the whole base (the first time a fresh slot's is returned)
+  };
+  std::shared_ptr<FreshSlots> fresh;
+  py::list constants;
+  std::vector<std::pair<int32_t, int32_t>> inputs;
+  std::vector<Base> bases;
+  std::vector<Output> outputs;
+  std::vector<int32_t> written;
+  std::vector<bool> fresh_slot;  // by slot: a fresh storage's
+
+  ReplayBinder(std::shared_ptr<FreshSlots> fresh_slots, py::list table, py::list input_slots, py::list base_specs,
+               py::list output_specs, py::list written_slots)
+      : fresh(std::move(fresh_slots)), constants(table) {
+    TORCH_CHECK(static_cast<int32_t>(table.size()) == fresh->slots, "ReplayBinder: a table of ", fresh->slots,
+                " expected");
+    fresh_slot.assign(static_cast<size_t>(fresh->slots), false);
+    for (const auto& layout : fresh->fresh) {
+      fresh_slot[static_cast<size_t>(layout.slot)] = true;
+    }
+    for (py::handle item : input_slots) {
+      auto pair = py::reinterpret_borrow<py::tuple>(item);
+      inputs.emplace_back(checked_slot(pair[0].cast<int32_t>()), pair[1].cast<int32_t>());
+    }
+    for (py::handle item : base_specs) {
+      auto spec = py::reinterpret_borrow<py::tuple>(item);
+      bases.push_back(Base{checked_slot(spec[0].cast<int32_t>()), spec[1], spec[2], spec[3], spec[4]});
+    }
+    for (py::handle item : output_specs) {
+      auto spec = py::reinterpret_borrow<py::tuple>(item);
+      auto kind = spec[0].cast<std::string>();
+      Output out;
+      if (kind == "input") {
+        out.kind = Output::Input;
+        out.index = spec[1].cast<int32_t>();
+      } else if (kind == "same") {
+        out.kind = Output::Same;
+        out.index = spec[1].cast<int32_t>();
+        TORCH_CHECK(out.index >= 0 && out.index < static_cast<int32_t>(outputs.size()), "ReplayBinder: same as what?");
+      } else if (kind == "value") {
+        out.kind = Output::Value;
+        out.value = spec[1];
+      } else {
+        TORCH_CHECK(kind == "tensor" && spec.size() == 6, "ReplayBinder: an output spec of kind ", kind);
+        out.kind = Output::Tensor;
+        out.index = checked_slot(spec[1].cast<int32_t>());
+        out.sizes = int_vector(spec[2].ptr());
+        out.strides = int_vector(spec[3].ptr());
+        out.offset = spec[4].cast<int64_t>();
+        out.whole = spec[5].cast<bool>();
+      }
+      outputs.push_back(std::move(out));
+    }
+    for (py::handle item : written_slots) {
+      written.push_back(checked_slot(item.cast<int32_t>()));
+    }
+  }
+
+  int32_t checked_slot(int32_t slot) const {
+    TORCH_CHECK(slot >= 0 && slot < fresh->slots, "ReplayBinder: slot ", slot, " out of range");
+    return slot;
+  }
+
+  py::object call(py::list args, py::list storages, int64_t capacity) const {
+    PyObject* table = PyList_GetSlice(constants.ptr(), 0, PyList_GET_SIZE(constants.ptr()));
+    if (table == nullptr) {
+      throw py::error_already_set();
+    }
+    py::list owned = py::reinterpret_steal<py::list>(table);
+    auto cells = fresh->allocate(owned, capacity);
+    if (!cells) {
+      return py::none();
+    }
+    // the bases outputs are made over: the fresh storages' tensors, the inputs themselves
+    std::vector<PyObject*> base_of(static_cast<size_t>(fresh->slots), nullptr);
+    std::vector<py::object> made_bases;
+    made_bases.reserve(bases.size());
+    for (const auto& base : bases) {
+      PyObject* parts[5] = {base.shape.ptr(), base.stride.ptr(), base.dtype.ptr(),
+                            PyList_GET_ITEM(table, base.slot), base.nbytes.ptr()};
+      made_bases.push_back(py::reinterpret_steal<py::object>(device_tensor(parts)));
+      base_of[static_cast<size_t>(base.slot)] = made_bases.back().ptr();
+    }
+    const Py_ssize_t nargs = PyList_GET_SIZE(args.ptr());
+    for (const auto& [slot, k] : inputs) {
+      TORCH_CHECK(k < nargs && k < static_cast<int32_t>(storages.size()), "ReplayBinder: argument ", k, " missing");
+      PyObject* storage = PyList_GET_ITEM(storages.ptr(), k);
+      Py_INCREF(storage);
+      PyList_SetItem(table, slot, storage);
+      base_of[static_cast<size_t>(slot)] = PyList_GET_ITEM(args.ptr(), k);
+    }
+    py::list results(outputs.size());
+    std::vector<bool> returned(static_cast<size_t>(fresh->slots), false);
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const Output& out = outputs[i];
+      py::object value;
+      switch (out.kind) {
+        case Output::Input:
+          TORCH_CHECK(out.index < nargs, "ReplayBinder: argument ", out.index, " missing");
+          value = py::reinterpret_borrow<py::object>(PyList_GET_ITEM(args.ptr(), out.index));
+          break;
+        case Output::Same:
+          value = results[static_cast<size_t>(out.index)];
+          break;
+        case Output::Value:
+          value = out.value;
+          break;
+        case Output::Tensor: {
+          auto slot = static_cast<size_t>(out.index);
+          PyObject* base = base_of[slot];
+          TORCH_CHECK(base != nullptr, "ReplayBinder: an output over slot ", out.index, ", which has no base");
+          if (out.whole && !returned[slot] && fresh_slot[slot]) {
+            returned[slot] = true;
+            value = py::reinterpret_borrow<py::object>(base);
+          } else {
+            value = py::reinterpret_steal<py::object>(
+                THPVariable_Wrap(at::as_strided(THPVariable_Unpack(base), out.sizes, out.strides, out.offset)));
+          }
+          break;
+        }
+      }
+      results[i] = std::move(value);
+    }
+    return py::make_tuple(owned, cells, results);
+  }
+
+  int64_t alive_bits(py::list table) const {
+    if (written.size() > 62) {
+      return -1;  // (no key: the caller builds the whole plan-cache key)
+    }
+    int64_t bits = 0;
+    for (size_t i = 0; i < written.size(); ++i) {
+      PyObject* storage = PyList_GET_ITEM(table.ptr(), written[i]);
+      if (!is_storage(storage) || storage_alive(storage)) {
+        bits |= int64_t{1} << i;
+      }
+    }
+    return bits;
   }
 };
 
@@ -1345,10 +1507,14 @@ void register_executor(py::module& m) {
   py::class_<FreshCells, std::shared_ptr<FreshCells>>(m, "FreshCells")
       .def("wrap", [](const FreshCells& fresh, py::list table) { wrap_intermediates(table.ptr(), fresh.cells); },
            "table[slot] = a DeviceStorage over each intermediate's cell where table[slot] is None");
-  py::class_<FreshSlots>(m, "FreshSlots")
+  py::class_<FreshSlots, std::shared_ptr<FreshSlots>>(m, "FreshSlots")
       .def(py::init<py::object, py::list, int64_t, int32_t>())
       .def_readonly("total", &FreshSlots::total)
       .def("allocate", &FreshSlots::allocate);
+  py::class_<ReplayBinder>(m, "ReplayBinder")
+      .def(py::init<std::shared_ptr<FreshSlots>, py::list, py::list, py::list, py::list, py::list>())
+      .def("call", &ReplayBinder::call)
+      .def("alive_bits", &ReplayBinder::alive_bits);
   m.def("native_op", &native_op);
   m.def("executor_types", &executor_types);
   m.def("slot_types", &slot_types);

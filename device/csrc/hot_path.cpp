@@ -60,6 +60,13 @@ PyObject* int_tuple(c10::IntArrayRef values) {
 PyObject* empty(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
   TORCH_CHECK(nargs == 5, "empty(shape, stride, dtype, side, nbytes)");
+  return device_tensor(args);
+  END_HANDLE_TH_ERRORS
+}
+
+}  // namespace
+
+PyObject* device_tensor(PyObject* const* args) {
   TORCH_CHECK(THPDtype_Check(args[2]), "empty: dtype expected");
   auto* owner = new Owner();
   owner->sizes = int_vector(args[0]);
@@ -77,8 +84,9 @@ PyObject* empty(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
       c10::scalarTypeToTypeMeta(owner->dtype));
   tensor.unsafeGetTensorImpl()->set_sizes_and_strides(owner->sizes, owner->strides);
   return THPVariable_Wrap(std::move(tensor));
-  END_HANDLE_TH_ERRORS
 }
+
+namespace {
 
 // describe(value) -> None when `value` is not a neuron tensor, else
 // ((shape, stride, dtype), side, covers): `side` is the storage's DeviceStorage (None when

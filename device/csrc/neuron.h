@@ -119,6 +119,9 @@ extern PyMethodDef hot_methods[];
 PyObject* record_op(PyObject* entry, PyObject* args, PyObject* kwargs);
 extern PyMethodDef record_methods[];  // record.cpp: the recorder's common case, the queue's bookkeeping
 std::vector<int64_t> int_vector(PyObject* sequence);  // a Python sequence of ints
+// _C.empty's body: (shape, stride, dtype, side, nbytes) -> a device tensor over a fresh
+// storage whose Python side is `side` (new reference; throws on an error).
+PyObject* device_tensor(PyObject* const* args);
 
 // -- a storage's bytes (cells.cpp) -----------------------------------------------------------
 // The bytes of one device storage: a CPU tensor (undefined until written) that never has a
@@ -141,6 +144,7 @@ struct Cell : c10::intrusive_ptr_target {
 at::Tensor unshared(const at::Tensor& tensor);  // a tensor over the same bytes with no Python object
 bool is_storage(PyObject* value);                // a DeviceStorage?
 void set_storage_alive(PyObject* storage, bool alive);  // DeviceStorage.alive, set with no attribute lookup
+bool storage_alive(PyObject* storage);                  // and read (a DeviceStorage's)
 c10::intrusive_ptr<Cell> cell_of(PyObject* storage);
 void add_storage_type(PyObject* module);        // _C.StorageBase, DeviceStorage's base
 // A compiled call's fresh storages (replay.py: Template.bind), booked at once as

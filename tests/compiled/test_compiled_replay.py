@@ -491,3 +491,79 @@ def test_the_c_input_signature_is_the_python_one():
     host = [base, torch.randn(3)]  # a host tensor: the Python version answers
     assert replay.input_signature(host)[0] == replay.input_signature(tuple(host))[0]
     assert replay.input_signature([base, object()]) == ("an input a template cannot bind", None)
+
+
+def test_a_replays_outputs_are_made_as_the_recorded_calls_were():
+    """The C binder (``_C.ReplayBinder``) makes a replay's outputs as ``Template.outputs_for``
+    does: an input returned is that input, an output returned twice is one tensor, a view
+    of an output shares its storage with the layout recorded, and every value is the CPU's."""
+    def f(x):
+        y = x * 2
+        z = (y + 1).t()
+        return x, y, y, y[1:, 2:], z, z.sum()
+
+    g = torch.compile(f)
+    x = torch.randn(4, 6)
+    dx = x.to("neuron")
+    for call in range(3):
+        out = g(dx)
+        assert out[0] is dx and out[1] is out[2]
+        assert out[3].untyped_storage().data_ptr() == out[1].untyped_storage().data_ptr()
+        assert (out[3].shape, out[3].stride(), out[3].storage_offset()) == ((3, 4), (6, 1), 8)
+        assert (out[4].shape, out[4].stride()) == ((6, 4), (1, 6))
+        for got, want in zip(out, f(x)):
+            assert got.device.type == "neuron"
+            torch.testing.assert_close(got.cpu(), want)
+    assert compiled()["replays"] == 2
+
+
+def test_a_replay_finds_its_plan_again_without_its_key_while_the_plan_cache_is_unchanged(monkeypatch):
+    """``Template.plan_for`` builds and hashes a replay's plan-cache key only when the cache
+    changed since the last plan it found (or a written input's ``alive`` bit did); each
+    replay still counts one plan-cache hit, as a lookup does."""
+    from adaptive_eager import compiler, replay
+
+    runners = []
+    init = compiler.GraphRunner.__init__
+    monkeypatch.setattr(compiler.GraphRunner, "__init__",
+                        lambda self, *a, **k: (init(self, *a, **k), runners.append(self))[0])
+    built = []
+    structure = replay.Template.structure
+    monkeypatch.setattr(replay.Template, "structure", lambda self, table: (built.append(1), structure(self, table))[1])
+
+    def f(x, y):
+        return (x @ y).relu() + 1
+
+    g = torch.compile(f)
+    x, y = torch.randn(8, 8, device="neuron"), torch.randn(8, 8, device="neuron")
+    g(x, y)
+    (runner,) = runners
+    cache = runner.sink.plan_cache
+    hits = cache.hits
+    for _ in range(4):
+        g(x, y)
+    assert cache.hits == hits + 4 and len(built) == 1  # the first replay's key, then none
+    cache[("another",)] = None  # any change to the cache: the key is built again, once
+    for _ in range(2):
+        g(x, y)
+    assert cache.hits == hits + 6 and len(built) == 2
+    torch.testing.assert_close(g(x, y).cpu(), f(x.cpu(), y.cpu()))
+
+
+def test_a_plan_cache_ticket_finds_its_entry_until_the_cache_changes():
+    from adaptive_eager.fusion.caches import CountingLRU
+
+    cache = CountingLRU(maxsize=2)
+    cache[("a",)] = 1
+    cache[("b",)] = 2
+    value, ticket = cache.lookup_ticket(("a",))
+    assert value == 1 and cache.hits == 1 and list(cache._data) == [("b",), ("a",)]
+    assert cache.lookup(("b",)) == 2 and list(cache._data) == [("a",), ("b",)]
+    assert cache.relookup(ticket) == 1 and cache.hits == 3  # counted, and now the most recent
+    assert list(cache._data) == [("b",), ("a",)]
+    assert cache.lookup_ticket(("c",)) == (None, None) and cache.misses == 1
+    for change in (lambda: cache.__setitem__(("c",), 3), lambda: cache.pop(("c",)), cache.clear):
+        value, ticket = cache.lookup_ticket(next(iter(cache._data))) if len(cache) else (None, None)
+        change()
+        if ticket is not None:
+            assert cache.relookup(ticket) is None  # the cache changed: look the key up again
