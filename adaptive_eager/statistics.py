@@ -42,9 +42,10 @@ class FusionCounters:
         self.replays = 0  # fused kernels replayed op by op after a failure
         self.caches: dict = {}  # name -> object with .stats() -> dict
 
-    def pattern(self, name: str, ops: int) -> None:
+    def pattern(self, name: str, ops: int, kernels: int = 1) -> None:
+        """``kernels`` library kernels of pattern ``name`` launched, ``ops`` ops in all."""
         entry = self.patterns.setdefault(name, {"matched": 0, "ops": 0})
-        entry["matched"] += 1
+        entry["matched"] += kernels
         entry["ops"] += ops
 
 

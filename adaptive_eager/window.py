@@ -291,9 +291,8 @@ class AdaptiveSink:
             FUSION.ops_fused += totals[1]
             FUSION.bytes_saved += totals[2]
             FUSION.dead_intermediates += totals[3]
-            for launch, index, name, ops, _ in plan.library:  # one whose constants differ runs the ops
-                if (launch, index) not in off:
-                    FUSION.pattern(name, ops)
+            for name, kernels, ops in plan.matched_patterns(off):  # one whose constants differ runs the ops
+                FUSION.pattern(name, ops, kernels)
 
     def hand_over_program(self, reason: str, plan_for, launch_for) -> bool:
         """A window whose records were never made (a compiled graph's replayed call): its

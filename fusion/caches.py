@@ -22,6 +22,7 @@ class CountingLRU:
         self.misses = 0
         self.evictions = 0
         self.generation = 0  # entries added or removed so far (a ticket holds while it stays)
+        self.moves = 0  # entries made the most recently used so far
 
     def lookup(self, key):
         """The cached value (now the most recently used), or None; counts a hit or a miss."""
@@ -30,6 +31,7 @@ class CountingLRU:
             self.misses += 1
         else:
             self._data.move_to_end(key)
+            self.moves += 1
             self.hits += 1
         return value
 
@@ -39,18 +41,20 @@ class CountingLRU:
         value = self.lookup(key)
         if value is None:
             return None, None
-        return value, (self.generation, next(reversed(self._data)), value)  # (the entry's own key)
+        return value, [self.generation, self.moves, key, value]
 
     def relookup(self, ticket):
         """The ticket's value again, as a ``lookup`` of its key counts and orders it, without
-        hashing the key (a compiled graph's plan-cache key has hundreds of items), while no
-        entry was added or removed since the ticket; None (nothing counted) otherwise."""
-        generation, key, value = ticket
+        hashing the key (a compiled graph's plan-cache key has hundreds of items; an
+        OrderedDict hashes it to move it, and to iterate from it) while no entry was added or
+        removed since the ticket; None (nothing counted) otherwise."""
+        generation, moves, key, value = ticket
         if generation != self.generation:
             return None
-        data = self._data
-        if next(reversed(data)) is not key:
-            data.move_to_end(key)
+        if moves != self.moves:  # another entry was used since: this one becomes the most recent
+            self._data.move_to_end(key)
+            self.moves += 1
+            ticket[1] = self.moves
         self.hits += 1
         return value
 
@@ -59,6 +63,7 @@ class CountingLRU:
         data[key] = value
         data.move_to_end(key)
         self.generation += 1
+        self.moves += 1
         while len(data) > self.maxsize:
             data.popitem(last=False)
             self.evictions += 1

@@ -126,11 +126,12 @@ class Plan:
     the same structure, whose ops have the same signatures and so the same costs.
     """
 
-    __slots__ = ("groups", "refusals", "launches", "costs", "totals", "library", "programs")
+    __slots__ = ("groups", "refusals", "launches", "costs", "totals", "library", "programs", "matched")
 
     def __init__(self, groups: list, refusals: dict, records) -> None:
         self.groups = groups  # [GroupSpec] in launch order
         self.programs: dict = {}  # the native programs of its windows (fused_kernel.WindowLaunches.native)
+        self.matched: dict = {}  # library kernels off -> the library patterns a window matches (matched_patterns)
         self.refusals = refusals
         self.launches = tuple(
             (group.members[0], None) if group.kernel is None else (group.members, group.kernel) for group in groups
@@ -156,6 +157,23 @@ class Plan:
             for launch, (members, spec) in enumerate(self.launches) if spec is not None
             for index, pattern in enumerate(spec.patterns)
         )
+
+    def matched_patterns(self, off) -> tuple:
+        """``(name, kernels, ops)`` of each library pattern a window of this plan runs, with
+        the library kernels in ``off`` turned off (their ops run as ops), by name in the
+        order first met; kept for a few ``off`` sets."""
+        found = self.matched.get(off)
+        if found is None:
+            by_name: dict = {}
+            for launch, index, name, ops, _ in self.library:
+                if (launch, index) not in off:
+                    counts = by_name.setdefault(name, [0, 0])
+                    counts[0] += 1
+                    counts[1] += ops
+            found = tuple((name, kernels, ops) for name, (kernels, ops) in by_name.items())
+            if len(self.matched) < 8:  # (kernels turned off vary with the windows' constants)
+                self.matched[off] = found
+        return found
 
 
 def library_kernels_off(plan: Plan, records) -> frozenset:
