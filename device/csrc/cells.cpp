@@ -506,7 +506,7 @@ PyObject* storage_over(PyTypeObject* type, const c10::intrusive_ptr<Cell>& cell)
   py::object stride = py::cast(cell->strides);
   PyObject* self = storage_new(type, nullptr, nullptr);
   if (self == nullptr) {
-    throw python_error();
+    throw py::error_already_set();
   }
   auto* object = as_storage(self);
   c10::intrusive_ptr<Cell>::reclaim(object->cell);  // (the one storage_new made)

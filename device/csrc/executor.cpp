@@ -1034,6 +1034,9 @@ struct Queue : std::enable_shared_from_this<Queue> {
       py::reinterpret_borrow<py::object>(run_fallback)(run.launch.fallback, resume, env);
     } catch (py::error_already_set& error) {
       error.discard_as_unraisable("neuron device worker (a native launch's fallback)");
+    } catch (const std::exception& error) {  // (never out of the worker thread: that would abort)
+      PyErr_SetString(PyExc_RuntimeError, error.what());
+      PyErr_WriteUnraisable(nullptr);
     }
   }
 
