@@ -247,8 +247,10 @@ PyObject* set_layout(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
   TORCH_CHECK(nargs == 3 && THPDtype_Check(args[2]), "_layout(shape, stride, dtype)");
   Cell* cell = reinterpret_cast<StorageObject*>(self)->cell;
-  cell->sizes = int_vector(args[0]);
-  cell->strides = int_vector(args[1]);
+  auto sizes = int_vector(args[0]);
+  auto strides = int_vector(args[1]);
+  cell->sizes.assign(sizes.begin(), sizes.end());
+  cell->strides.assign(strides.begin(), strides.end());
   cell->dtype = reinterpret_cast<THPDtype*>(args[2])->scalar_type;
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
@@ -389,8 +391,8 @@ PyObject* make_storage(PyTypeObject* type, Layout& layout) {
     Py_SETREF(*field, value);
   }
   Cell* cell = object->cell;
-  cell->sizes = std::move(layout.sizes);
-  cell->strides = std::move(layout.strides);
+  cell->sizes.assign(layout.sizes.begin(), layout.sizes.end());
+  cell->strides.assign(layout.strides.begin(), layout.strides.end());
   cell->dtype = reinterpret_cast<THPDtype*>(layout.dtype)->scalar_type;
   object->nbytes = layout.nbytes;  // its dealloc frees them from now on
   object->alive = layout.alive;
@@ -482,8 +484,8 @@ bool fresh_cells(PyTypeObject* type, const std::vector<FreshLayout>& fresh, int6
         }
       } else {
         auto cell = c10::make_intrusive<Cell>();
-        cell->sizes = layout.sizes;
-        cell->strides = layout.strides;
+        cell->sizes.assign(layout.sizes.begin(), layout.sizes.end());
+        cell->strides.assign(layout.strides.begin(), layout.strides.end());
         cell->dtype = layout.dtype;
         cell->booked = layout.nbytes;  // freed with the cell
         cells[static_cast<size_t>(layout.slot)] = std::move(cell);
@@ -502,8 +504,8 @@ bool fresh_cells(PyTypeObject* type, const std::vector<FreshLayout>& fresh, int6
 }
 
 PyObject* storage_over(PyTypeObject* type, const c10::intrusive_ptr<Cell>& cell) {
-  py::object shape = py::cast(cell->sizes);
-  py::object stride = py::cast(cell->strides);
+  py::object shape = py::cast(std::vector<int64_t>(cell->sizes.begin(), cell->sizes.end()));
+  py::object stride = py::cast(std::vector<int64_t>(cell->strides.begin(), cell->strides.end()));
   PyObject* self = storage_new(type, nullptr, nullptr);
   if (self == nullptr) {
     throw py::error_already_set();

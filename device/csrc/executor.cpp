@@ -801,8 +801,8 @@ std::shared_ptr<Launch> bind(std::shared_ptr<Program> program, py::list storages
       auto cell = c10::make_intrusive<Cell>();
       if (THPVariable_Check(storage.ptr())) {
         cell->data = unshared(THPVariable_Unpack(storage.ptr()));
-        cell->sizes = cell->data.sizes().vec();
-        cell->strides = cell->data.strides().vec();
+        cell->sizes.assign(cell->data.sizes().begin(), cell->data.sizes().end());
+        cell->strides.assign(cell->data.strides().begin(), cell->data.strides().end());
         cell->dtype = cell->data.scalar_type();
       }
       result->table.push_back(std::move(cell));

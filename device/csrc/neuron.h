@@ -22,6 +22,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/Storage.h>
+#include <c10/util/SmallVector.h>
 #include <pybind11/pybind11.h>
 
 #include <atomic>
@@ -127,9 +128,11 @@ PyObject* device_tensor(PyObject* const* args);
 // The bytes of one device storage: a CPU tensor (undefined until written) that never has a
 // Python object, so the device worker takes and drops references to it without the GIL.
 struct Cell : c10::intrusive_ptr_target {
+  // (inline up to 5 dimensions: a cell's layout costs no allocation of its own)
+  using Dims = c10::SmallVector<int64_t, 5>;
   at::Tensor data;
-  std::vector<int64_t> sizes;  // the layout `materialize` makes and `adopt` takes whole
-  std::vector<int64_t> strides;
+  Dims sizes;  // the layout `materialize` makes and `adopt` takes whole
+  Dims strides;
   c10::ScalarType dtype = c10::ScalarType::Float;
   std::atomic<bool> poisoned{false};  // a failed kernel left it without valid data
   // The bytes it booked itself, freed when it is (-1: none; a DeviceStorage's bytes are the
