@@ -119,7 +119,7 @@ class Template:
     """One recorded call of a graph, replayable for calls with the same input signature
     (module docstring)."""
 
-    __slots__ = ("slots", "records", "outputs", "ops", "table", "inputs", "hosts", "fresh_numbers", "escaping",
+    __slots__ = ("slots", "records", "outputs", "ops", "table", "inputs", "hosts", "escaping",
                  "fresh_slots", "skeleton", "written", "programs", "jobs", "binder", "memo")
 
     def __init__(self, recording: Recording, outputs, args_after, gm) -> None:
@@ -206,7 +206,6 @@ class Template:
             else:
                 self.table[number] = slot[1]
         self.inputs, self.hosts = tuple(inputs), tuple(hosts)
-        self.fresh_numbers = tuple(number for number, _ in fresh)
         self.escaping = tuple((number, slot) for number, slot in fresh if slot.escapes)
         self.fresh_slots = DeviceStorage.fresh_slots(layouts, len(self.table))
 
