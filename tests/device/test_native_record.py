@@ -334,3 +334,27 @@ def test_the_c_handler_holds_the_host_lock_while_it_records(strict_mode, monkeyp
         monkeypatch.undo()
         backend._make_handler()
     assert held and all(held)
+
+
+def test_a_0_dim_host_tensor_is_snapshotted_when_the_op_is_recorded(strict_mode):
+    """A 0-dim host tensor argument is copied when the C recorder records the op: the user
+    may change it before the kernel runs (a Python number, which the dispatcher wraps in
+    one, too). Both compute as the CPU does. (Taking every 0-dim host tensor as it is fails
+    here.)"""
+    from adaptive_eager_device.hardware.execution_queue import QUEUE
+
+    x = torch.arange(4.0, device="neuron")
+    x + 1  # (the signatures' first calls: cached)
+    x * torch.tensor(2.0)
+    scale = torch.tensor(2.0)
+    QUEUE.batch_items, items = 1 << 30, QUEUE.batch_items  # nothing reaches the worker before the sync
+    try:
+        before = _native.record_counts()
+        scaled = x * scale
+        scale.fill_(100.0)  # after the call, before the kernel runs
+        shifted = x + 1
+        assert _native.record_counts() == before + 2
+    finally:
+        QUEUE.batch_items = items
+    torch.testing.assert_close(scaled.cpu(), torch.arange(4.0) * 2)
+    torch.testing.assert_close(shifted.cpu(), torch.arange(4.0) + 1)
