@@ -202,19 +202,10 @@ class GraphRunner:
     def _replay(self, template, args: list, storages):
         """A call replayed from its template; None when its memory cannot be allocated (the
         FX code then runs, and raises at the op, as eager does)."""
-        binder = template.binder
-        try:
-            if binder is not None:  # storages, cells and outputs in one C call
-                made = binder.call(args, storages, CONFIG.hbm_bytes)
-                if made is None:
-                    return None
-                table, cells, outputs = made
-            else:
-                table, bases, cells = template.bind(args, storages)
-                outputs = template.outputs_for(args, table, bases)
-                bases = None
-        except torch.OutOfMemoryError:
+        made = template.binder.call(args, storages, CONFIG.hbm_bytes)  # storages, cells, outputs
+        if made is None:
             return None
+        table, cells, outputs = made
         previous = sink.current_sink()
         sink.set_sink(self.sink)  # flushes the eager window first
         launched = COUNTERS.kernels_launched

@@ -47,7 +47,7 @@ from adaptive_eager_device.memory.storage import (
     MEMORY, DeviceStorage, rounded_nbytes,
 )
 from adaptive_eager_device.hardware.streams import STATE as _STREAMS
-from adaptive_eager_device.memory.tensor import describe, device_tensor, storage_of
+from adaptive_eager_device.memory.tensor import describe, storage_of
 
 from adaptive_eager_device import _C as _native
 from adaptive_eager_device.hardware.fused_kernel import WindowLaunches, add_launches
@@ -227,23 +227,23 @@ class Template:
         self.written = tuple(self.written)
 
     def _plan_native(self) -> None:
-        """``bind`` and ``outputs_for`` in one C call (``_C.ReplayBinder``) for a template
-        with no host input (a host input's snapshot is taken here, in Python), and the
-        memo of the last plan found (``plan_for``)."""
+        """A call's binding in one C call (``_C.ReplayBinder.call(args, storages,
+        capacity)`` -> ``(table, cells, outputs)``, or None when its storages do not fit):
+        the slot table (input storages, constants, a copy of each host input, the fresh
+        storages; an intermediate's entry stays None, its cell in the ``FreshCells``:
+        ``cells.wrap(table)`` makes its storage where Python needs it) and the outputs as
+        the recorded call made them; and the memo of the last plan found (``plan_for``)."""
         self.memo = None
-        self.binder = None
-        if self.hosts:
-            return
         bases = [(number, slot.shape, slot.stride, slot.dtype, slot.nbytes) for number, slot in self.escaping]
-        self.binder = _native.ReplayBinder(self.fresh_slots, self.table, list(self.inputs), bases, list(self.outputs),
-                                           [n for _, n in self.written])
+        self.binder = _native.ReplayBinder(self.fresh_slots, self.table, list(self.inputs), list(self.hosts), bases,
+                                           list(self.outputs), [n for _, n in self.written])
 
     def plan_for(self, table, cache):
         """This call's plan in ``cache`` (the graph window's plan cache), found as a lookup
         of ``structure(table)`` finds it; the last one found is found again without building
         or hashing the key while its written inputs' ``alive`` bits are the same and the cache
         has not changed (``CountingLRU.relookup``: counted as that lookup)."""
-        bits = self.binder.alive_bits(table) if self.binder is not None else -1
+        bits = self.binder.alive_bits(table)
         memo = self.memo
         if memo is not None and memo[0] == bits:
             plan = cache.relookup(memo[1])
@@ -260,44 +260,6 @@ class Template:
             if not table[n].alive:
                 parts[at] = ~parts[at]
         return tuple(parts)
-
-    def bind(self, args, storages):
-        """The slot table for a call: input storages, constants, fresh allocations (may
-        raise ``torch.OutOfMemoryError``, before anything is issued; an intermediate's
-        entry stays None, its cell in the ``FreshCells`` returned: ``cells.wrap(table)``
-        makes its storage where Python needs it), and the output tensors' bases (slot ->
-        the tensor over that storage)."""
-        table = self.table.copy()
-        cells = DeviceStorage.allocate(self.fresh_slots, table)
-        bases = {number: device_tensor(slot.shape, slot.stride, slot.dtype, table[number], slot.nbytes)
-                 for number, slot in self.escaping}
-        for number, k in self.inputs:
-            table[number] = storages[k]
-            bases[number] = args[k]
-        for number, k in self.hosts:
-            table[number] = args[k].clone()  # the host may change it before the kernel runs
-        return table, bases, cells
-
-    def outputs_for(self, args, table, bases) -> list:
-        outputs = []
-        made = set()
-        for spec in self.outputs:
-            kind = spec[0]
-            if kind == "input":
-                outputs.append(args[spec[1]])
-            elif kind == "same":
-                outputs.append(outputs[spec[1]])
-            elif kind == "value":
-                outputs.append(spec[1])
-            else:
-                _, number, shape, stride, offset, whole = spec
-                base = bases[number]
-                if whole and number not in made and type(self.slots[number]) is _Fresh:
-                    made.add(number)
-                    outputs.append(base)
-                else:
-                    outputs.append(torch.as_strided(base, shape, stride, offset))
-        return outputs
 
     def program(self, plan, table=None):
         """``(program, off)``: this template's ops as one native program for ``plan`` (its
@@ -409,7 +371,7 @@ def _output_storages(outputs) -> set:
 
 
 def _output_specs(outputs, storages, args, slot):
-    """How each output is made at a replay (``Template.outputs_for``)."""
+    """How each output is made at a replay (``_C.ReplayBinder``)."""
     seen: dict = {}
     inputs = {id(value): k for k, value in enumerate(args) if isinstance(value, torch.Tensor)}
     for position, value in enumerate(outputs):

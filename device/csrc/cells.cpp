@@ -369,7 +369,6 @@ struct Layout {
   std::vector<int64_t> sizes;
   std::vector<int64_t> strides;
   int64_t nbytes;
-  bool alive = true;  // is a PrivateUse1 storage to reference it (no: an intermediate of a call)
 };
 
 Layout read_layout(PyObject* shape, PyObject* stride, PyObject* dtype, int64_t nbytes) {
@@ -395,7 +394,6 @@ PyObject* make_storage(PyTypeObject* type, Layout& layout) {
   cell->strides.assign(layout.strides.begin(), layout.strides.end());
   cell->dtype = reinterpret_cast<THPDtype*>(layout.dtype)->scalar_type;
   object->nbytes = layout.nbytes;  // its dealloc frees them from now on
-  object->alive = layout.alive;
   return self;
 }
 
@@ -504,8 +502,8 @@ bool fresh_cells(PyTypeObject* type, const std::vector<FreshLayout>& fresh, int6
 }
 
 PyObject* storage_over(PyTypeObject* type, const c10::intrusive_ptr<Cell>& cell) {
-  py::object shape = py::cast(std::vector<int64_t>(cell->sizes.begin(), cell->sizes.end()));
-  py::object stride = py::cast(std::vector<int64_t>(cell->strides.begin(), cell->strides.end()));
+  py::object shape = py::reinterpret_steal<py::object>(int_tuple(cell->sizes));
+  py::object stride = py::reinterpret_steal<py::object>(int_tuple(cell->strides));
   PyObject* self = storage_new(type, nullptr, nullptr);
   if (self == nullptr) {
     throw py::error_already_set();
@@ -514,8 +512,8 @@ PyObject* storage_over(PyTypeObject* type, const c10::intrusive_ptr<Cell>& cell)
   c10::intrusive_ptr<Cell>::reclaim(object->cell);  // (the one storage_new made)
   object->cell = c10::intrusive_ptr<Cell>(cell).release();
   PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(cell->dtype));
-  for (auto [field, value] : {std::pair{&object->shape, py::tuple(shape).release().ptr()},
-                              {&object->stride, py::tuple(stride).release().ptr()}, {&object->dtype, Py_NewRef(dtype)}}) {
+  for (auto [field, value] : {std::pair{&object->shape, shape.release().ptr()}, {&object->stride, stride.release().ptr()},
+                              {&object->dtype, Py_NewRef(dtype)}}) {
     Py_SETREF(*field, value);
   }
   object->nbytes = cell->booked;  // its dealloc frees them from now on

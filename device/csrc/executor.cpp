@@ -580,19 +580,19 @@ void wrap_intermediates(PyObject* table, const std::vector<c10::intrusive_ptr<Ce
   }
 }
 
-// A template's fresh storages, read once (FreshSlots(type, layouts, total): layouts are
-// (slot, shape, stride, dtype, booked bytes, escapes) each; `total` their bytes' sum), and
+// A template's fresh storages, read once (FreshSlots(type, layouts, slots): layouts are
+// (slot, shape, stride, dtype, booked bytes, escapes) each, in a table of `slots`), and
 // made at each call by allocate(table, capacity) -> FreshCells, or None when they do not fit
 // (an OOM counted, nothing booked).
 struct FreshSlots {
   std::vector<FreshLayout> fresh;
-  int64_t total = 0;
+  int64_t total = 0;  // the bytes they book
   int32_t slots = 0;
   py::list held;  // the layouts' Python objects
   py::object type;
 
-  FreshSlots(py::object storage_type, py::list layouts, int64_t total_bytes, int32_t table_size)
-      : total(total_bytes), slots(table_size), held(layouts), type(std::move(storage_type)) {
+  FreshSlots(py::object storage_type, py::list layouts, int32_t table_size)
+      : slots(table_size), held(layouts), type(std::move(storage_type)) {
     TORCH_CHECK(PyType_Check(type.ptr()), "FreshSlots: a storage type expected");
     if (intermediate_type == nullptr) {
       intermediate_type = reinterpret_cast<PyTypeObject*>(py::object(type).release().ptr());
@@ -606,6 +606,7 @@ struct FreshSlots {
       fresh.push_back(FreshLayout{slot, int_vector(layout[1].ptr()), int_vector(layout[2].ptr()),
                                   reinterpret_cast<THPDtype*>(layout[3].ptr())->scalar_type, layout[4].cast<int64_t>(),
                                   layout[1].ptr(), layout[2].ptr(), layout[3].ptr(), layout[5].cast<bool>()});
+      total += fresh.back().nbytes;
     }
   }
 
@@ -620,13 +621,14 @@ struct FreshSlots {
   }
 };
 
-// A compiled graph's template bound to a call in one C call (replay.py: Template.bind and
-// Template.outputs_for, which it replaces where the template has no host inputs):
-// ReplayBinder(fresh, constants, inputs, bases, outputs, written) with `fresh` a
+// A compiled graph's template bound to a call in one C call (replay.py: GraphRunner._replay):
+// ReplayBinder(fresh, constants, inputs, hosts, bases, outputs, written) with `fresh` a
 // FreshSlots, `constants` the template's table (constants at their slots, None elsewhere),
-// `inputs` (slot, argument index) pairs, `bases` (slot, shape, stride, dtype, nbytes) for
-// the fresh storages an output is made over, `outputs` one spec each (replay.py:
-// _output_specs), `written` the slots whose storage's `alive` makes the plan-cache key.
+// `inputs` and `hosts` (slot, argument index) pairs (a host input's slot gets a copy of it:
+// the host may change it before the kernels run), `bases` (slot, shape, stride, dtype,
+// nbytes) for the fresh storages an output is made over, `outputs` one spec each
+// (replay.py: _output_specs), `written` the slots whose storage's `alive` makes the
+// plan-cache key.
 // call(args, storages, capacity) -> (table, cells, outputs), or None (nothing booked) when
 // the fresh storages do not fit; alive_bits(table) -> an int, bit i the `alive` of the
 // storage at written[i].
@@ -646,13 +648,14 @@ struct ReplayBinder {
   std::shared_ptr<FreshSlots> fresh;
   py::list constants;
   std::vector<std::pair<int32_t, int32_t>> inputs;
+  std::vector<std::pair<int32_t, int32_t>> hosts;
   std::vector<Base> bases;
   std::vector<Output> outputs;
   std::vector<int32_t> written;
   std::vector<bool> fresh_slot;  // by slot: a fresh storage's
 
-  ReplayBinder(std::shared_ptr<FreshSlots> fresh_slots, py::list table, py::list input_slots, py::list base_specs,
-               py::list output_specs, py::list written_slots)
+  ReplayBinder(std::shared_ptr<FreshSlots> fresh_slots, py::list table, py::list input_slots, py::list host_slots,
+               py::list base_specs, py::list output_specs, py::list written_slots)
       : fresh(std::move(fresh_slots)), constants(table) {
     TORCH_CHECK(static_cast<int32_t>(table.size()) == fresh->slots, "ReplayBinder: a table of ", fresh->slots,
                 " expected");
@@ -660,9 +663,11 @@ struct ReplayBinder {
     for (const auto& layout : fresh->fresh) {
       fresh_slot[static_cast<size_t>(layout.slot)] = true;
     }
-    for (py::handle item : input_slots) {
-      auto pair = py::reinterpret_borrow<py::tuple>(item);
-      inputs.emplace_back(checked_slot(pair[0].cast<int32_t>()), pair[1].cast<int32_t>());
+    for (auto [from, into] : {std::pair{&input_slots, &inputs}, {&host_slots, &hosts}}) {
+      for (py::handle item : *from) {
+        auto pair = py::reinterpret_borrow<py::tuple>(item);
+        into->emplace_back(checked_slot(pair[0].cast<int32_t>()), pair[1].cast<int32_t>());
+      }
     }
     for (py::handle item : base_specs) {
       auto spec = py::reinterpret_borrow<py::tuple>(item);
@@ -731,6 +736,10 @@ struct ReplayBinder {
       PyList_SetItem(table, slot, storage);
       base_of[static_cast<size_t>(slot)] = PyList_GET_ITEM(args.ptr(), k);
     }
+    for (const auto& [slot, k] : hosts) {
+      TORCH_CHECK(k < nargs, "ReplayBinder: argument ", k, " missing");
+      PyList_SetItem(table, slot, THPVariable_Wrap(THPVariable_Unpack(PyList_GET_ITEM(args.ptr(), k)).clone()));
+    }
     py::list results(outputs.size());
     std::vector<bool> returned(static_cast<size_t>(fresh->slots), false);
     for (size_t i = 0; i < outputs.size(); ++i) {
@@ -789,18 +798,17 @@ std::shared_ptr<Launch> bind(std::shared_ptr<Program> program, py::list storages
               " storages expected, got ", py::len(storages));
   auto result = std::make_shared<Launch>();
   result->table.reserve(program->slots);
-  size_t slot = 0;
-  for (py::handle storage : storages) {
-    const bool has_fresh = fresh && slot < fresh->cells.size() && fresh->cells[slot];
-    ++slot;
-    if (is_storage(storage.ptr())) {
-      result->table.push_back(cell_of(storage.ptr()));
-    } else if (has_fresh && storage.ptr() == Py_None) {
-      result->table.push_back(fresh->cells[slot - 1]);
+  for (Py_ssize_t slot = 0; slot < program->slots; ++slot) {
+    PyObject* storage = PyList_GET_ITEM(storages.ptr(), slot);
+    if (is_storage(storage)) {
+      result->table.push_back(cell_of(storage));
+    } else if (storage == Py_None && fresh && static_cast<size_t>(slot) < fresh->cells.size() &&
+               fresh->cells[static_cast<size_t>(slot)]) {
+      result->table.push_back(fresh->cells[static_cast<size_t>(slot)]);
     } else {  // a host tensor (a snapshot taken for this call), or an unused slot (None)
       auto cell = c10::make_intrusive<Cell>();
-      if (THPVariable_Check(storage.ptr())) {
-        cell->data = unshared(THPVariable_Unpack(storage.ptr()));
+      if (THPVariable_Check(storage)) {
+        cell->data = unshared(THPVariable_Unpack(storage));
         cell->sizes.assign(cell->data.sizes().begin(), cell->data.sizes().end());
         cell->strides.assign(cell->data.strides().begin(), cell->data.strides().end());
         cell->dtype = cell->data.scalar_type();
@@ -1511,11 +1519,11 @@ void register_executor(py::module& m) {
       .def("wrap", [](const FreshCells& fresh, py::list table) { wrap_intermediates(table.ptr(), fresh.cells); },
            "table[slot] = a DeviceStorage over each intermediate's cell where table[slot] is None");
   py::class_<FreshSlots, std::shared_ptr<FreshSlots>>(m, "FreshSlots")
-      .def(py::init<py::object, py::list, int64_t, int32_t>())
+      .def(py::init<py::object, py::list, int32_t>())
       .def_readonly("total", &FreshSlots::total)
       .def("allocate", &FreshSlots::allocate);
   py::class_<ReplayBinder>(m, "ReplayBinder")
-      .def(py::init<std::shared_ptr<FreshSlots>, py::list, py::list, py::list, py::list, py::list>())
+      .def(py::init<std::shared_ptr<FreshSlots>, py::list, py::list, py::list, py::list, py::list, py::list>())
       .def("call", &ReplayBinder::call)
       .def("alive_bits", &ReplayBinder::alive_bits);
   m.def("native_op", &native_op);

@@ -44,8 +44,6 @@ std::vector<int64_t> int_vector(PyObject* sequence) {
   return values;
 }
 
-namespace {
-
 PyObject* int_tuple(c10::IntArrayRef values) {
   PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(values.size()));
   for (size_t i = 0; i < values.size(); ++i) {
@@ -53,6 +51,8 @@ PyObject* int_tuple(c10::IntArrayRef values) {
   }
   return tuple;
 }
+
+namespace {
 
 
 // empty(shape, stride, dtype, side, nbytes) -> a device tensor over a fresh storage of

@@ -120,6 +120,7 @@ extern PyMethodDef hot_methods[];
 PyObject* record_op(PyObject* entry, PyObject* args, PyObject* kwargs);
 extern PyMethodDef record_methods[];  // record.cpp: the recorder's common case, the queue's bookkeeping
 std::vector<int64_t> int_vector(PyObject* sequence);  // a Python sequence of ints
+PyObject* int_tuple(c10::IntArrayRef values);          // and back (a new tuple)
 // _C.empty's body: (shape, stride, dtype, side, nbytes) -> a device tensor over a fresh
 // storage whose Python side is `side` (new reference; throws on an error).
 PyObject* device_tensor(PyObject* const* args);
@@ -150,8 +151,8 @@ void set_storage_alive(PyObject* storage, bool alive);  // DeviceStorage.alive, 
 bool storage_alive(PyObject* storage);                  // and read (a DeviceStorage's)
 c10::intrusive_ptr<Cell> cell_of(PyObject* storage);
 void add_storage_type(PyObject* module);        // _C.StorageBase, DeviceStorage's base
-// A compiled call's fresh storages (replay.py: Template.bind), booked at once as
-// allocate_storages books them: the escaping ones as DeviceStorages of `type` put into
+// A compiled call's fresh storages (executor.cpp: FreshSlots), booked at once, as making
+// them one by one books them: the escaping ones as DeviceStorages of `type` put into
 // `table` at their slots, the others as cells only, by slot in `cells` (each books its own
 // bytes). False (an OOM counted, nothing booked or made) when they do not fit.
 struct FreshLayout {

@@ -154,25 +154,17 @@ class DeviceStorage(_native.StorageBase):
 
     @classmethod
     def fresh_slots(cls, layouts, slots: int):
-        """What a compiled graph's replay makes at each call, read once: ``layouts`` are
-        ``(slot, shape, stride, dtype, bytes rounded up to the allocation granularity,
-        escapes)`` each, in a table of ``slots`` entries. ``allocate`` makes them."""
-        layouts = list(layouts)
-        return _native.FreshSlots(cls, layouts, sum(layout[4] for layout in layouts), slots)
-
-    @staticmethod
-    def allocate(fresh, table: list):
-        """``fresh``'s storages (``fresh_slots``), booked at once, as allocating them one
-        after the other books them (a replay makes all of a call's storages before it
-        issues anything): the escaping ones (an output's) are storages, put into ``table``
-        at their slots; the others, the call's intermediates, are only the C side's cells,
-        by slot in the ``FreshCells`` returned, each freeing its own bytes (no Python object
-        is made for them unless Python needs one: ``FreshCells.wrap(table)``). Raises
-        ``torch.OutOfMemoryError`` with none of them booked when they do not all fit."""
-        cells = fresh.allocate(table, CONFIG.hbm_bytes)
-        if cells is None:
-            raise _out_of_memory(fresh.total)
-        return cells
+        """What a compiled graph's replay makes at each call, read once (``_C.FreshSlots``):
+        ``layouts`` are ``(slot, shape, stride, dtype, bytes rounded up to the allocation
+        granularity, escapes)`` each, in a table of ``slots`` entries. Its ``allocate(table,
+        capacity)`` books them at once, as making them one after the other books them (a
+        replay makes all of a call's storages before it issues anything): the escaping ones
+        (an output's) as storages, put into ``table`` at their slots; the others, the call's
+        intermediates, as the C side's cells only, by slot in the ``FreshCells`` returned,
+        each freeing its own bytes (no Python object is made for them unless Python needs
+        one: ``FreshCells.wrap(table)``); None, with none of them booked, when they do not
+        all fit."""
+        return _native.FreshSlots(cls, list(layouts), slots)
 
     @classmethod
     def of_bytes(cls, nbytes: int) -> "DeviceStorage":

@@ -197,7 +197,7 @@ def test_a_replays_key_marks_a_written_input_nothing_references_any_more(monkeyp
     (template,) = [t for t in runner.templates.values() if type(t) is replay.Template]
     args = [x, y]
     _, storages = replay.input_signature(args)
-    table, _, cells = template.bind(args, storages)
+    table, cells, _ = template.binder.call(args, storages, CONFIG.hbm_bytes)
     cells.wrap(table)  # the records name every storage
     records = template.issue(table)  # (never launched)
     alive = template.structure(table)
@@ -494,8 +494,8 @@ def test_the_c_input_signature_is_the_python_one():
 
 
 def test_a_replays_outputs_are_made_as_the_recorded_calls_were():
-    """The C binder (``_C.ReplayBinder``) makes a replay's outputs as ``Template.outputs_for``
-    does: an input returned is that input, an output returned twice is one tensor, a view
+    """The C binder (``_C.ReplayBinder``) makes a replay's outputs as the recorded call made
+    them: an input returned is that input, an output returned twice is one tensor, a view
     of an output shares its storage with the layout recorded, and every value is the CPU's."""
     def f(x):
         y = x * 2
