@@ -134,6 +134,11 @@ PyObject* reinterpret_ref_type = nullptr;
 PyObject* slot_type = nullptr;
 PyObject* view_slot_type = nullptr;
 
+// A resume offset's flag (interleave.py: BROKEN, which is this): the launch was part of a
+// run of multi-tensor ops the worker ran parameter by parameter, and a step raised after
+// the run began, so its parameters are at different ops.
+constexpr int64_t kBroken = int64_t{1} << 19;
+
 struct NotNative : std::exception {
   const char* what() const noexcept override { return "not runnable natively"; }
 };
@@ -930,6 +935,108 @@ struct Run {
   }
 };
 
+// -- strict eager's multi-tensor launches ---------------------------------------------------
+
+// Strict eager launches an optimizer step's multi-tensor ops (`_foreach_mul_`, `_foreach_lerp_`,
+// ...) one launch each. The worker runs consecutive such launches of a batch parameter by
+// parameter (Queue::run_strict_interleaved), as run_interleaved runs them inside an adaptive
+// window, by the same rules (interleave.py); and the host does not ring the doorbell for
+// their bytes, so an optimizer step's launches reach the worker in one batch (record.cpp:
+// submit_item).
+
+// The multi-tensor ops a run may hold (each of aten::_foreach_<name>, in place or not):
+// elementwise, and on the CPU each is the per-tensor op applied tensor by tensor. Python's
+// interleave.py reads them from here (_C.INTERLEAVED_NAMES).
+const std::set<std::string>& interleaved_names() {
+  static const std::set<std::string> names = {
+      "add", "sub", "mul", "div", "addcmul", "addcdiv", "lerp", "sqrt", "neg", "abs", "exp", "reciprocal", "sign",
+      "maximum", "minimum", "clamp_min", "clamp_max", "zero", "copy"};
+  return names;
+}
+
+// The parameter count of a launch that may join such a run, else 0: one step of
+// aten::_foreach_<name> of interleaved_names() whose list arguments (tensor
+// lists, number lists) are each n >= 2 long, whose other arguments are numbers, its tensors
+// of one floating dtype, returning nothing or one tensor per parameter.
+int64_t strict_parameters(const Launch& launch) {
+  const auto& steps = launch.program->steps;
+  if (steps.size() != 1 || !steps[0].op || steps[0].generated || !steps[0].group.empty() ||
+      !steps[0].interleaved.empty() || !steps[0].guarded.empty()) {
+    return 0;
+  }
+  const Step& step = steps[0];
+  const std::string& name = step.op->schema().name();
+  static const std::string prefix = "aten::_foreach_";
+  if (name.compare(0, prefix.size(), prefix) != 0) {
+    return 0;
+  }
+  std::string base = name.substr(prefix.size());
+  while (!base.empty() && base.back() == '_') {
+    base.pop_back();
+  }
+  if (interleaved_names().count(base) == 0) {
+    return 0;
+  }
+  int64_t count = -1;
+  std::optional<c10::ScalarType> dtype;
+  auto same = [&](int64_t length) {
+    if (count < 0) {
+      count = length;
+    }
+    return length == count;
+  };
+  auto typed = [&](c10::ScalarType type) {
+    if (!dtype) {
+      dtype = type;
+    }
+    return *dtype == type;
+  };
+  for (const auto& arg : step.args) {
+    if (arg.kind == Arg::TensorList) {
+      if (!same(static_cast<int64_t>(arg.items.size()))) {
+        return 0;
+      }
+      for (const auto& item : arg.items) {
+        if (item.kind != Arg::Tensor || !typed(launch.table[item.ref.slot]->dtype)) {
+          return 0;
+        }
+      }
+    } else if (arg.kind == Arg::Constant) {
+      const c10::IValue& value = arg.constant;
+      if (value.isList()) {
+        if (!same(static_cast<int64_t>(value.toListRef().size()))) {
+          return 0;
+        }
+        for (const auto& item : value.toListRef()) {
+          if (!item.isDouble() && !item.isInt() && !item.isBool()) {
+            return 0;
+          }
+        }
+      } else if (value.isDoubleList() || value.isIntList() || value.isBoolList()) {
+        return 0;  // (a specialized list: not an argument these ops take)
+      } else if (!value.isScalar() && !value.isNone()) {
+        return 0;
+      }
+    } else {
+      return 0;  // a single tensor argument (a tensor of scalars): kept whole, not per parameter
+    }
+  }
+  if (count < 2 || !dtype || !c10::isFloatingType(*dtype)) {
+    return 0;
+  }
+  if (!step.outs.empty()) {
+    if (static_cast<int64_t>(step.outs.size()) != count) {
+      return 0;
+    }
+    for (int32_t slot : step.outs) {
+      if (slot < 0 || launch.table[slot]->dtype != *dtype) {
+        return 0;
+      }
+    }
+  }
+  return count;
+}
+
 // -- the queue -----------------------------------------------------------------------------
 
 // A strict op's launch from the C recorder travels as a capsule holding its shared_ptr, not
@@ -941,6 +1048,28 @@ constexpr const char* kLaunchCapsule = "neuron.launch";
 void delete_launch_capsule(PyObject* capsule) {
   delete static_cast<std::shared_ptr<Launch>*>(PyCapsule_GetPointer(capsule, kLaunchCapsule));
 }
+
+}  // namespace
+
+// Whether a queue item is a launch that may join such a run (submit_item: it does not ring
+// for its bytes).
+bool joins_strict_run(PyObject* item) {
+  if (PyCapsule_CheckExact(item)) {  // the C recorder's
+    auto* launch = static_cast<std::shared_ptr<Launch>*>(PyCapsule_GetPointer(item, kLaunchCapsule));
+    if (launch == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    return strict_parameters(**launch) > 0;
+  }
+  py::handle handle(item);
+  if (!py::isinstance<Launch>(handle)) {  // a Python item
+    return false;
+  }
+  return strict_parameters(*handle.cast<std::shared_ptr<Launch>>()) > 0;  // (op_record.native_launch)
+}
+
+namespace {
 
 // One step of a polling loop: tells the core it is spinning.
 inline void pause() {
@@ -1154,6 +1283,154 @@ struct Queue : std::enable_shared_from_this<Queue> {
     return Interleaved::Ran;
   }
 
+  // Strict eager's multi-tensor launches (an optimizer step: `_foreach_mul_`, `_foreach_lerp_`,
+  // ... one launch each), parameter by parameter, as run_interleaved runs them inside an
+  // adaptive window, by the same rules (interleave.py): consecutive launches in one batch,
+  // each one step of an interleavable op over as many parameters, no tensor written at two
+  // parameters. Each launch is still its own kernel (accounted, completed and released as
+  // one); only the order of their per-parameter kernels on the CPU changes, so the results
+  // are PyTorch's order's bit for bit, with each parameter's state in cache across the ops.
+
+  // Where the run that may start at batch[begin] ends (begin + 1 when there is none).
+  size_t strict_run_end(const std::vector<Item>& batch, size_t begin) const {
+    int64_t count = strict_parameters(*batch[begin].native);
+    size_t end = begin + 1;
+    if (count == 0) {
+      return end;
+    }
+    while (end < batch.size() && batch[end].native && strict_parameters(*batch[end].native) == count) {
+      ++end;
+    }
+    return end;
+  }
+
+  // A launch's step at one parameter: each list argument's element there, as a list of one.
+  static Step at_parameter(const Step& step, size_t index) {
+    Step one;
+    one.op = step.op;
+    for (const auto& arg : step.args) {
+      if (arg.kind == Arg::TensorList) {
+        Arg item;
+        item.kind = Arg::TensorList;
+        item.items.push_back(arg.items[index]);
+        one.args.push_back(std::move(item));
+      } else if (arg.constant.isList()) {
+        Arg item;
+        c10::impl::GenericList list(arg.constant.toList().elementType());
+        list.push_back(arg.constant.toListRef()[index]);
+        item.constant = c10::IValue(std::move(list));
+        one.args.push_back(std::move(item));
+      } else {
+        one.args.push_back(arg);
+      }
+    }
+    if (!step.outs.empty()) {
+      one.outs.push_back(step.outs[index]);
+      one.dead.push_back(step.dead[index]);
+    }
+    return one;
+  }
+
+  // The run batch[begin:end] parameter by parameter: true if it ran (or raised after it
+  // began: every launch of it handed to Python as broken, interleave.py BROKEN), false
+  // (nothing run) when a launch is anomalous, a tensor is written at two parameters or
+  // the run's memory cannot be reserved: the launches then run one by one.
+  // Whether batch[begin:end] may run parameter by parameter; if so, the sizes of the blocks
+  // its results take and each launch's step at each parameter.
+  bool plan_strict_run(const std::vector<Item>& batch, size_t begin, size_t end, std::vector<size_t>& sizes,
+                       std::vector<std::vector<Step>>& steps) const {
+    std::unordered_map<const Cell*, int64_t> at;  // cell -> its parameter (-1: at two)
+    std::set<const Cell*> written;
+    for (size_t k = begin; k < end; ++k) {
+      const Launch& launch = *batch[k].native;
+      if (anomalous(launch)) {
+        return false;
+      }
+      const Step& step = launch.program->steps[0];
+      const auto& schema = step.op->schema().arguments();
+      auto note = [&](int32_t slot, int64_t index) {
+        const Cell* cell = launch.table[slot].get();
+        auto found = at.emplace(cell, index);
+        if (!found.second && found.first->second != index) {
+          found.first->second = -1;
+        }
+        return cell;
+      };
+      for (size_t a = 0; a < step.args.size(); ++a) {
+        const Arg& arg = step.args[a];
+        if (arg.kind != Arg::TensorList) {
+          continue;
+        }
+        bool writes = a < schema.size() && schema[a].alias_info() != nullptr && schema[a].alias_info()->isWrite();
+        for (size_t index = 0; index < arg.items.size(); ++index) {
+          const Cell* cell = note(arg.items[index].ref.slot, static_cast<int64_t>(index));
+          if (writes) {
+            written.insert(cell);
+          }
+        }
+      }
+      for (size_t index = 0; index < step.outs.size(); ++index) {
+        const Cell& cell = *launch.table[step.outs[index]];
+        written.insert(note(step.outs[index], static_cast<int64_t>(index)));
+        sizes.push_back(at::detail::computeStorageNbytes(cell.sizes, cell.strides, c10::elementSize(cell.dtype)));
+      }
+    }
+    for (const Cell* cell : written) {
+      if (at[cell] < 0) {
+        return false;
+      }
+    }
+    auto count = static_cast<size_t>(strict_parameters(*batch[begin].native));
+    for (size_t k = begin; k < end; ++k) {
+      for (size_t index = 0; index < count; ++index) {
+        steps[k - begin].push_back(at_parameter(batch[k].native->program->steps[0], index));
+      }
+    }
+    return true;
+  }
+
+  bool run_strict_interleaved(std::vector<Item>& batch, size_t begin, size_t end) {
+    std::vector<size_t> sizes;
+    std::vector<std::vector<Step>> steps(end - begin);  // [launch][parameter]
+    std::vector<Run> runs;
+    try {
+      if (!plan_strict_run(batch, begin, end, sizes, steps)) {
+        return false;
+      }
+      runs.reserve(end - begin);
+      for (size_t k = begin; k < end; ++k) {
+        runs.push_back(Run{*batch[k].native, std::vector<at::Tensor>(static_cast<size_t>(batch[k].native->program->slots))});
+      }
+    } catch (const std::exception&) {  // (nothing has run: the launches run one by one)
+      return false;
+    }
+    if (!reserve_host_blocks(sizes)) {
+      return false;
+    }
+    struct Release {
+      ~Release() { release_host_reservation(); }
+    } release;
+    auto began = std::chrono::steady_clock::now();
+    try {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      for (size_t index = 0; index < steps[0].size(); ++index) {
+        for (size_t k = 0; k < runs.size(); ++k) {
+          runs[k].step(steps[k][index]);
+        }
+      }
+    } catch (const std::exception&) {
+      for (auto& run : runs) {
+        fallback(run, kBroken);
+      }
+      return true;
+    }
+    native_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - began).count(),
+                        std::memory_order_relaxed);
+    native_launches.fetch_add(static_cast<int64_t>(end - begin), std::memory_order_relaxed);
+    interleaved_runs.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+
   // A generated kernel (struct Generated): true if it ran and its results are stored;
   // false (its written inputs restored, the kernel turned off) if it raised.
   bool run_generated(Run& run, const Step& step) {
@@ -1293,27 +1570,37 @@ struct Queue : std::enable_shared_from_this<Queue> {
         batch = std::move(q.batches.front());
         q.batches.pop_front();
       }
-      for (auto& item : batch) {
+      for (size_t i = 0; i < batch.size();) {
         int wanted = q.threads.load(std::memory_order_acquire);
         if (wanted > 0 && wanted != at::get_num_threads()) {
           at::set_num_threads(wanted);
         }
-        if (item.native) {
-          q.run_native(*item.native);
-          // Released by the host: the launch holds Python objects (its fallback, storages).
-          item.native.reset();  // the wrapper keeps it alive until then
-          q.finished(item.wrapper);
+        size_t end = i + 1;
+        if (batch[i].native) {
+          end = q.strict_run_end(batch, i);
+          if (end - i < 2 || !q.run_strict_interleaved(batch, i, end)) {
+            end = i + 1;
+            q.run_native(*batch[i].native);
+          }
         } else {
           q.python_items.fetch_add(1, std::memory_order_relaxed);
-          q.run_python_item(item.python);  // released under the GIL there
-          item.python = nullptr;
+          q.run_python_item(batch[i].python);  // released under the GIL there
+          batch[i].python = nullptr;
         }
-        // (sequentially consistent, as wait_completed's store of wake_at and its read of
-        // completed: one of the two threads sees the other's write, so no wake-up is lost)
-        int64_t now = q.completed.fetch_add(1) + 1;
-        if (now >= q.wake_at.load()) {
-          std::lock_guard<std::mutex> guard(q.waiters_mutex);
-          q.waiters_cv.notify_all();
+        for (; i < end; ++i) {
+          Item& item = batch[i];
+          if (item.native) {
+            // Released by the host: the launch holds Python objects (its fallback, storages).
+            item.native.reset();  // the wrapper keeps it alive until then
+            q.finished(item.wrapper);
+          }
+          // (sequentially consistent, as wait_completed's store of wake_at and its read of
+          // completed: one of the two threads sees the other's write, so no wake-up is lost)
+          int64_t now = q.completed.fetch_add(1) + 1;
+          if (now >= q.wake_at.load()) {
+            std::lock_guard<std::mutex> guard(q.waiters_mutex);
+            q.waiters_cv.notify_all();
+          }
         }
       }
     }
@@ -1514,6 +1801,8 @@ void register_executor(py::module& m) {
         }
         return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
       });
+  m.attr("BROKEN") = kBroken;
+  m.attr("INTERLEAVED_NAMES") = py::frozenset(py::cast(interleaved_names()));
   m.def("bind", &bind, py::arg("program"), py::arg("storages"), py::arg("fallback"), py::arg("cells") = nullptr);
   py::class_<FreshCells, std::shared_ptr<FreshCells>>(m, "FreshCells")
       .def("wrap", [](const FreshCells& fresh, py::list table) { wrap_intermediates(table.ptr(), fresh.cells); },

@@ -143,7 +143,9 @@ class ExecutionQueue:
     # -- host side -------------------------------------------------------------------
     def submit(self, item, stream_id: int = 0, nbytes: int = 0, ops: int = 1) -> int:
         """Put ``item`` on the queue. Items reach the worker in batches (see ``ring``): the
-        batch rings when it holds ``batch_items`` launches or ``batch_bytes`` of traffic.
+        batch rings when it holds ``batch_items`` launches or ``batch_bytes`` of traffic, but
+        not for the bytes of a strict launch of a multi-tensor op (an optimizer step's: they
+        reach the worker together, which runs them parameter by parameter, ``interleave.py``).
         In C (``_C.submit``, ``device/csrc/record.cpp``), which the C recorder calls too."""
         return _native.submit(self, item, stream_id, nbytes, ops)
 

@@ -9,22 +9,27 @@ element's ops in the same order, so the same bits, with each parameter's state i
 across the ops. This module says which runs qualify (:func:`interleaved_runs`);
 ``fused_kernel.py`` builds them (``_add_interleaved``) and fails a run the worker hands back
 broken (``FusedKernel.resume``).
+
+Strict eager launches each of those ops alone; the worker runs consecutive such launches of
+one batch parameter by parameter too, by the same rules, checked in C
+(``executor.cpp: run_strict_interleaved``): each stays its own kernel, accounted and
+completed as one, and only the order of its per-parameter CPU kernels changes.
 """
 from __future__ import annotations
 
+from .. import _C as _native
 from ..memory.storage import DeviceStorage, ViewRef
 
 # A resume's offset flag (bit 19; offsets are below it): the worker handed the window back
 # because a step of the interleaved run starting at that offset raised after the run began
-# (executor.cpp: run_interleaved; FusedKernel.resume).
-BROKEN = 1 << 19
+# (executor.cpp: run_interleaved; FusedKernel.resume), or a strict launch back because the
+# run of launches it was in did (executor.cpp: run_strict_interleaved; op_record._resume).
+BROKEN = _native.BROKEN
 
 # The multi-tensor ops a run may hold (each of ``aten::_foreach_<name>``, in place or not):
-# elementwise, and on the CPU each is the per-tensor op applied tensor by tensor.
-_INTERLEAVED_NAMES = frozenset({
-    "add", "sub", "mul", "div", "addcmul", "addcdiv", "lerp", "sqrt", "neg", "abs", "exp", "reciprocal", "sign",
-    "maximum", "minimum", "clamp_min", "clamp_max", "zero", "copy",
-})
+# elementwise, and on the CPU each is the per-tensor op applied tensor by tensor. One list,
+# which the worker's strict runs read too (executor.cpp: interleaved_names).
+_INTERLEAVED_NAMES = _native.INTERLEAVED_NAMES
 _INTERLEAVABLE: dict = {}
 _MIN_RUN = 2  # ops in a run worth reordering
 

@@ -232,7 +232,16 @@ OpRecord.execute = run_record  # strict eager: one record is one launch, run by 
 
 def _resume(record, queue, resume: int, env) -> None:
     """A native launch of this one op handed back to Python (``executor.cpp``): it runs
-    here, by the failure rules."""
+    here, by the failure rules. ``resume`` with ``BROKEN``: the worker ran it with the
+    launches beside it parameter by parameter (``interleave.py``) and one raised after the
+    run began (no known cause: every large block was reserved), so its parameters are at
+    different ops: it fails, every tensor it writes poisoned."""
+    if resume & _native.BROKEN:
+        error = RuntimeError(
+            f"{record.name} raised while the device ran a run of multi-tensor launches parameter by "
+            "parameter (an optimizer step); every tensor the run writes is poisoned")
+        queue.fail(record.failure(error, None, queue.completed + 1), (*record.writes, *record.results))
+        return
     run_record(record, queue)
 
 

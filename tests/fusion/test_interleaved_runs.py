@@ -1,15 +1,19 @@
 """A fused window's run of multi-tensor ops (an optimizer step) runs parameter by parameter
 on the worker (device/hardware/interleave.py: interleaved_runs; executor.cpp:
-run_interleaved): the same bits as PyTorch's order, only where no tensor a run writes
-appears at two parameters, and a run that breaks after it began fails with what it writes
-poisoned."""
+run_interleaved), and so do strict eager's consecutive launches of such ops
+(executor.cpp: run_strict_interleaved): the same bits as PyTorch's order, only where no
+tensor a run writes appears at two parameters, and a run that breaks after it began fails
+with what it writes poisoned."""
 import pytest
 import torch
 
 import adaptive_eager
-from adaptive_eager_device.hardware import fused_kernel, interleave
+from adaptive_eager_device import _C as _native
+from adaptive_eager_device.core.config import CONFIG
+from adaptive_eager_device.hardware import fused_kernel, interleave, op_record
 from adaptive_eager_device.hardware.execution_queue import QUEUE
 from adaptive_eager_device.memory.storage import DeviceStorage
+from adaptive_eager_device.ops.dispatch import install_native_recorder
 
 
 def _interleaved() -> int:
@@ -18,12 +22,16 @@ def _interleaved() -> int:
 
 
 def _train(mode: str, optimizer, steps: int = 3, dtype=torch.float32):
+    """Parameters and optimizer state after ``steps`` steps; ``mode`` "cpu": the multi-tensor
+    implementation on the CPU (``foreach=True``: PyTorch's order, each op over every
+    parameter before the next), as PyTorch gives the device."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).to(dtype)
-    model.to("neuron")
+    device = "cpu" if mode == "cpu" else "neuron"
+    model.to(device)
     opt = optimizer(model.parameters())
     adaptive_eager.enable() if mode == "adaptive" else adaptive_eager.disable()
-    x = torch.randn(16, 32, dtype=dtype).to("neuron")
+    x = torch.randn(16, 32, dtype=dtype).to(device)
     for _ in range(steps):
         opt.zero_grad()
         model(x).float().square().mean().backward()
@@ -33,28 +41,68 @@ def _train(mode: str, optimizer, steps: int = 3, dtype=torch.float32):
         v.cpu() for state in opt.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
 
 
-@pytest.mark.parametrize("optimizer", [
-    lambda params: torch.optim.AdamW(params, lr=1e-2),
-    lambda params: torch.optim.Adam(params, lr=1e-2, weight_decay=0.1),
-    lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9, nesterov=True),
-], ids=["adamw", "adam-l2", "sgd-nesterov"])
-def test_an_optimizer_step_runs_parameter_by_parameter_with_strict_eagers_bits(optimizer):
+OPTIMIZERS = [
+    lambda params: torch.optim.AdamW(params, lr=1e-2, foreach=True),
+    lambda params: torch.optim.Adam(params, lr=1e-2, weight_decay=0.1, foreach=True),
+    lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9, nesterov=True, foreach=True),
+]
+
+
+@pytest.mark.parametrize("mode", ["adaptive", "strict"])
+@pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=["adamw", "adam-l2", "sgd-nesterov"])
+def test_an_optimizer_step_runs_parameter_by_parameter_with_pytorchs_bits(optimizer, mode):
     before = _interleaved()
-    adaptive = _train("adaptive", optimizer)
+    device = _train(mode, optimizer)
     ran = _interleaved() - before
-    strict = _train("strict", optimizer)
+    cpu = _train("cpu", optimizer)
     assert ran >= 2  # (the first step's momentum buffers are made, not updated: it may not interleave)
-    assert all(torch.equal(a, s) for a, s in zip(adaptive, strict))
+    assert all(torch.equal(a, c) for a, c in zip(device, cpu))
     adaptive_eager.disable()
 
 
-def test_bfloat16_parameters_interleave_too():
+@pytest.mark.parametrize("mode", ["adaptive", "strict"])
+def test_bfloat16_parameters_interleave_too(mode):
+    adamw = lambda params: torch.optim.AdamW(params, lr=1e-2, foreach=True)  # noqa: E731
     before = _interleaved()
-    adaptive = _train("adaptive", lambda params: torch.optim.AdamW(params, lr=1e-2), dtype=torch.bfloat16)
+    device = _train(mode, adamw, dtype=torch.bfloat16)
     assert _interleaved() - before >= 2
-    assert all(torch.equal(a, s) for a, s in zip(
-        adaptive, _train("strict", lambda params: torch.optim.AdamW(params, lr=1e-2), dtype=torch.bfloat16)))
+    assert all(torch.equal(a, c) for a, c in zip(device, _train("cpu", adamw, dtype=torch.bfloat16)))
     adaptive_eager.disable()
+
+
+def test_strict_multi_tensor_launches_reach_the_worker_in_one_batch():
+    """The host rings the doorbell when a batch holds 1 MiB of traffic, but not for a strict
+    launch of a multi-tensor op: an optimizer step's launches reach the worker together
+    (record.cpp: submit_item). Any other launch still rings for its bytes."""
+    params = [torch.randn(1 << 17, device="neuron") for _ in range(2)]  # 512 KiB each
+    torch.neuron.synchronize()
+    torch._foreach_mul_(params, 0.5)
+    torch._foreach_add_(params, 1.0)
+    torch._foreach_mul_(params, 2.0)
+    assert len(QUEUE._batch) == 3  # 2 MiB read and written each: none rang
+    params[0].mul_(2.0)
+    assert QUEUE._batch == []  # a single tensor's op rings for the batch's bytes
+    torch.neuron.synchronize()
+
+
+def test_a_strict_launch_handed_back_broken_fails_with_what_it_writes_poisoned(monkeypatch):
+    """The worker hands each launch of a strict run back with BROKEN when a step raises after
+    the run began (executor.cpp: run_strict_interleaved): it fails, what it writes is
+    poisoned, and the sync point raises the first one's failure."""
+    params = [torch.randn(4, device="neuron") for _ in range(2)]
+    torch.neuron.synchronize()
+    _native.install_record(None)  # every op through the Python recorder, whose launches are patched here
+    try:
+        monkeypatch.setattr(CONFIG, "native", False)  # each launch a Python item
+        monkeypatch.setattr(op_record.OpRecord, "execute",
+                            lambda record, queue: op_record.OpRecord.resume(record, queue, interleave.BROKEN, None))
+        torch._foreach_mul_(params, 0.5)
+        with pytest.raises(RuntimeError, match=r"_foreach_mul_.*parameter by parameter"):
+            torch.neuron.synchronize()
+        with pytest.raises(RuntimeError, match="poisoned|parameter by parameter"):
+            params[1].cpu()
+    finally:
+        install_native_recorder()
 
 
 def _storage(n: int = 4) -> DeviceStorage:
@@ -98,13 +146,15 @@ def test_a_tensor_written_at_two_parameters_keeps_pytorchs_order():
     assert interleave.interleaved_runs([by_tensor, writes_scale], set(), {}) == {}
 
 
-def test_views_of_one_buffer_written_at_two_parameters_keep_pytorchs_order():
+@pytest.mark.parametrize("mode", ["adaptive", "strict"])
+def test_views_of_one_buffer_written_at_two_parameters_keep_pytorchs_order(mode):
     """Parameters that are views of one flat buffer (as some wrappers lay them out): the
-    update of one must not run ahead of another's, so the window's ops run in order."""
+    update of one must not run ahead of another's, so the window's ops (strict eager's
+    launches) run in order."""
     flat = torch.zeros(64, device="neuron")
     params = [flat[:32].view(4, 8), flat[32:].view(4, 8)]
     grads = [torch.randn(4, 8, device="neuron") for _ in params]
-    adaptive_eager.enable()
+    adaptive_eager.enable() if mode == "adaptive" else adaptive_eager.disable()
     try:
         before = _interleaved()
         for _ in range(3):
@@ -153,13 +203,14 @@ def test_a_run_that_breaks_after_it_began_fails_with_what_it_writes_poisoned(mon
         adaptive_eager.disable()
 
 
-def test_one_tensor_at_two_parameters_gives_the_cpus_result():
+@pytest.mark.parametrize("mode", ["adaptive", "strict"])
+def test_one_tensor_at_two_parameters_gives_the_cpus_result(mode):
     """``[p, p]``: PyTorch's order scales p twice, then adds twice; parameter by parameter
-    would interleave them. The window keeps PyTorch's order."""
+    would interleave them. The window (strict eager's launches) keeps PyTorch's order."""
     p = torch.randn(8)
     g = torch.randn(8)
     on_device, grad = p.to("neuron"), g.to("neuron")
-    adaptive_eager.enable()
+    adaptive_eager.enable() if mode == "adaptive" else adaptive_eager.disable()
     try:
         before = _interleaved()
         torch._foreach_mul_([on_device, on_device], 0.5)
