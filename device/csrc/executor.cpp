@@ -1606,6 +1606,16 @@ struct Queue : std::enable_shared_from_this<Queue> {
     }
   }
 
+  // A host waiting for the worker past its polling wakes every this many items the worker
+  // runs and releases the launches that ran (release): their records, and the bytes only
+  // they still held, the step's dead intermediates (an autograd graph's saved tensors, freed
+  // by the host when it issued the backward op that reads them). Released only at the sync,
+  // a training step's every intermediate stayed allocated until its end: the worker's
+  // kernels wrote each result to memory no kernel had touched for a whole step, where CPU
+  // eager reuses a block still in the caches. 16 is an assumption: a wake-up costs the
+  // worker a notify (a few microseconds) against kernels of tens to hundreds here.
+  static constexpr int64_t kReleaseEvery = 16;
+
   // wait_completed(target, spin_us): block (without the GIL) until the worker has run `target`
   // items. First polls for up to spin_us (the host's core is otherwise idle while it waits,
   // and a futex sleep costs a wake-up on each side); then sleeps, waking every 100 ms to run
@@ -1620,18 +1630,24 @@ struct Queue : std::enable_shared_from_this<Queue> {
       }
     }
     while (true) {
+      // (every kReleaseEvery items, the launches the worker ran are released here)
+      int64_t until = std::min(target, completed.load() + kReleaseEvery);
       bool reached = false;
       {
         py::gil_scoped_release no_gil;
         std::unique_lock<std::mutex> lock(waiters_mutex);
-        auto mine = targets.insert(target);
+        auto mine = targets.insert(until);
         wake_at.store(*targets.begin());
-        reached = waiters_cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return completed.load() >= target; });
+        reached = waiters_cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return completed.load() >= until; });
         targets.erase(mine);
         wake_at.store(targets.empty() ? std::numeric_limits<int64_t>::max() : *targets.begin());
       }
       if (reached) {
-        return;
+        if (until == target) {
+          return;
+        }
+        release();
+        continue;
       }
       if (PyErr_CheckSignals() != 0) {
         throw py::error_already_set();

@@ -119,3 +119,43 @@ def test_the_most_recently_freed_block_is_reused_first(strict_mode):
     torch.neuron.synchronize()
     again = x * 5
     assert address(again) == second != first
+
+
+def test_a_waiting_host_releases_what_the_worker_ran(strict_mode):
+    """A host waiting at a sync point releases the launches the worker has run every few
+    items (executor.cpp: wait_completed), so the bytes only they still held, a step's dead
+    intermediates, are reused while the worker runs on, not after the sync: a chain of
+    4 MiB results, each dead once the next op is issued, never has them all allocated."""
+    from adaptive_eager_device.hardware.execution_queue import QUEUE
+    from conftest import _Hold
+
+    expected = torch.randn(MIB)  # 4 MiB
+    y = expected.to("neuron")
+    torch.neuron.synchronize()
+    base = _C.host_pool_stats()["in_use_bytes"]
+    gate = threading.Event()
+    QUEUE.submit(_Hold(gate))  # the worker runs nothing until every op is issued
+    QUEUE.ring()
+    ops = 48
+    for _ in range(ops):
+        y = y * 0.5  # the previous result dies here; its launch holds it until released
+        expected = expected * 0.5
+    peak = [0]
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], _C.host_pool_stats()["in_use_bytes"] - base)
+            done.wait(0.0002)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    threading.Timer(0.1, gate.set).start()
+    try:
+        torch.neuron.synchronize()
+    finally:
+        done.set()
+        sampler.join()
+        gate.set()
+    assert 4 * MIB <= peak[0] <= ops // 2 * 4 * MIB  # (released only at the end: all 48 at once)
+    assert torch.equal(y.cpu(), expected)
