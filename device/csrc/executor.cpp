@@ -1331,10 +1331,6 @@ struct Queue : std::enable_shared_from_this<Queue> {
     return one;
   }
 
-  // The run batch[begin:end] parameter by parameter: true if it ran (or raised after it
-  // began: every launch of it handed to Python as broken, interleave.py BROKEN), false
-  // (nothing run) when a launch is anomalous, a tensor is written at two parameters or
-  // the run's memory cannot be reserved: the launches then run one by one.
   // Whether batch[begin:end] may run parameter by parameter; if so, the sizes of the blocks
   // its results take and each launch's step at each parameter.
   bool plan_strict_run(const std::vector<Item>& batch, size_t begin, size_t end, std::vector<size_t>& sizes,
@@ -1389,6 +1385,10 @@ struct Queue : std::enable_shared_from_this<Queue> {
     return true;
   }
 
+  // The run batch[begin:end] parameter by parameter: true if it ran (or raised after it
+  // began: every launch of it handed to Python as broken, interleave.py BROKEN), false
+  // (nothing run) when a launch is anomalous, a tensor is written at two parameters or
+  // the run's memory cannot be reserved: the launches then run one by one.
   bool run_strict_interleaved(std::vector<Item>& batch, size_t begin, size_t end) {
     std::vector<size_t> sizes;
     std::vector<std::vector<Step>> steps(end - begin);  // [launch][parameter]
@@ -1618,9 +1618,10 @@ struct Queue : std::enable_shared_from_this<Queue> {
 
   // wait_completed(target, spin_us): block (without the GIL) until the worker has run `target`
   // items. First polls for up to spin_us (the host's core is otherwise idle while it waits,
-  // and a futex sleep costs a wake-up on each side); then sleeps, waking every 100 ms to run
-  // Python's signal handlers (a Ctrl-C raises KeyboardInterrupt here, the items staying
-  // queued, as a Python wait would).
+  // and a futex sleep costs a wake-up on each side); then sleeps, waking every kReleaseEvery
+  // items the worker runs (to release them) or after 100 ms, and runs Python's signal
+  // handlers each time (a Ctrl-C raises KeyboardInterrupt here, the items staying queued,
+  // as a Python wait would).
   void wait_completed(int64_t target, int64_t spin_us) {
     if (spin_us > 0 && completed.load() < target) {
       py::gil_scoped_release no_gil;
@@ -1642,12 +1643,11 @@ struct Queue : std::enable_shared_from_this<Queue> {
         targets.erase(mine);
         wake_at.store(targets.empty() ? std::numeric_limits<int64_t>::max() : *targets.begin());
       }
+      if (reached && until == target) {
+        return;
+      }
       if (reached) {
-        if (until == target) {
-          return;
-        }
         release();
-        continue;
       }
       if (PyErr_CheckSignals() != 0) {
         throw py::error_already_set();

@@ -139,6 +139,42 @@ def test_a_signal_interrupts_a_host_waiting_for_the_worker(strict_mode):
     torch.testing.assert_close(y.cpu(), expected)
 
 
+def test_a_signal_interrupts_a_host_waiting_for_many_short_kernels(strict_mode):
+    """The same when the worker finishes a few items every millisecond: the waiting host
+    wakes every few items to release what ran (executor.cpp: wait_completed), never waits
+    the 100 ms that would poll the handlers otherwise, and polls them at each wake-up."""
+    import signal
+
+    from adaptive_eager_device.hardware.execution_queue import QUEUE
+
+    class Interrupted(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Interrupted
+
+    x = torch.randn(1 << 18, device="neuron")  # 1 MiB
+    torch.neuron.synchronize()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        y = x
+        for _ in range(8000):  # tens of microseconds each: far less than 100 ms per wake-up
+            y = y * 1.0
+        signal.setitimer(signal.ITIMER_REAL, 0.02)
+        with pytest.raises(Interrupted):
+            torch.neuron.synchronize()
+        still_queued = QUEUE.submitted - QUEUE.completed  # raised while waiting, not after
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        torch.neuron.synchronize()
+        torch.set_num_threads(threads)
+    assert still_queued > 0
+    assert torch.equal(y.cpu(), x.cpu())
+
+
 def test_a_waiting_host_polls_only_while_a_core_is_left_free(any_mode, monkeypatch):
     """Polling before sleeping takes a core: the host waiting for the worker and the worker
     waiting for work poll only when the worker's intra-op threads (the host's
