@@ -100,10 +100,10 @@ def test_host_threads_waiting_at_once_each_wake_with_their_results(any_mode):
     assert {i: results[i] for i in range(4)} == {i: [256.0 * i * step for step in range(100)] for i in range(4)}
 
 
-def test_a_signal_interrupts_a_host_waiting_for_the_worker(strict_mode):
-    """A wait polls Python's signal handlers (Ctrl-C during a long sync raises, as a Python
-    wait would), before the work it waits for has run; the queued work still runs and a
-    later sync waits for it."""
+def _interrupted_sync(issue):
+    """Issue work with ``issue()`` (one intra-op thread), then sync with a signal due in 20
+    ms whose handler raises: returns how many items were still queued when the sync raised
+    (it fails if the sync did not raise), once a later sync has run them."""
     import signal
 
     from adaptive_eager_device.hardware.execution_queue import QUEUE
@@ -114,65 +114,59 @@ def test_a_signal_interrupts_a_host_waiting_for_the_worker(strict_mode):
     def handler(signum, frame):
         raise Interrupted
 
-    a = torch.randn(1024, 1024, device="neuron")
-    torch.neuron.synchronize()
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the work below takes a second or so on any machine
+    torch.set_num_threads(1)  # the work takes a second or so on any machine
     previous = signal.signal(signal.SIGALRM, handler)
     try:
-        y = a
-        for _ in range(40):  # 86 GFLOP on the worker: far more than the 100 ms between polls
-            y = (y @ a).tanh()
-        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        issue()
+        signal.setitimer(signal.ITIMER_REAL, 0.02)
         with pytest.raises(Interrupted):
             torch.neuron.synchronize()
-        still_queued = QUEUE.submitted - QUEUE.completed  # raised while waiting, not after
+        return QUEUE.submitted - QUEUE.completed  # raised while waiting, not after
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
         torch.neuron.synchronize()
         torch.set_num_threads(threads)
-    assert still_queued > 0
+
+
+def test_a_signal_interrupts_a_host_waiting_for_the_worker(strict_mode):
+    """A wait polls Python's signal handlers (Ctrl-C during a long sync raises, as a Python
+    wait would), before the work it waits for has run; the queued work still runs and a
+    later sync waits for it."""
+    a = torch.randn(1024, 1024, device="neuron")
+    torch.neuron.synchronize()
+    result = []
+
+    def issue():
+        y = a
+        for _ in range(40):  # 86 GFLOP on the worker: far more than the 100 ms between polls
+            y = (y @ a).tanh()
+        result.append(y)
+
+    assert _interrupted_sync(issue) > 0
     expected = a.cpu()
     for _ in range(40):
         expected = (expected @ a.cpu()).tanh()
-    torch.testing.assert_close(y.cpu(), expected)
+    torch.testing.assert_close(result[0].cpu(), expected)
 
 
 def test_a_signal_interrupts_a_host_waiting_for_many_short_kernels(strict_mode):
     """The same when the worker finishes a few items every millisecond: the waiting host
     wakes every few items to release what ran (executor.cpp: wait_completed), never waits
     the 100 ms that would poll the handlers otherwise, and polls them at each wake-up."""
-    import signal
-
-    from adaptive_eager_device.hardware.execution_queue import QUEUE
-
-    class Interrupted(Exception):
-        pass
-
-    def handler(signum, frame):
-        raise Interrupted
-
     x = torch.randn(1 << 18, device="neuron")  # 1 MiB
     torch.neuron.synchronize()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    previous = signal.signal(signal.SIGALRM, handler)
-    try:
+    result = []
+
+    def issue():
         y = x
         for _ in range(8000):  # tens of microseconds each: far less than 100 ms per wake-up
             y = y * 1.0
-        signal.setitimer(signal.ITIMER_REAL, 0.02)
-        with pytest.raises(Interrupted):
-            torch.neuron.synchronize()
-        still_queued = QUEUE.submitted - QUEUE.completed  # raised while waiting, not after
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        torch.neuron.synchronize()
-        torch.set_num_threads(threads)
-    assert still_queued > 0
-    assert torch.equal(y.cpu(), x.cpu())
+        result.append(y)
+
+    assert _interrupted_sync(issue) > 0
+    assert torch.equal(result[0].cpu(), x.cpu())
 
 
 def test_a_waiting_host_polls_only_while_a_core_is_left_free(any_mode, monkeypatch):
