@@ -85,6 +85,25 @@ def test_strict_multi_tensor_launches_reach_the_worker_in_one_batch():
     torch.neuron.synchronize()
 
 
+def test_an_optimizer_step_rings_the_doorbell_when_it_returns(strict_mode):
+    """What the host does between two steps (a data loader's work) overlaps the step's
+    launches on the worker: a global optimizer step hook rings when ``step`` returns
+    (execution_queue.ring_after_optimizer_step), though its multi-tensor launches did not
+    ring for their bytes."""
+    params = [torch.nn.Parameter(torch.randn(1 << 17, device="neuron")) for _ in range(2)]  # 512 KiB
+    for param in params:
+        param.grad = torch.randn_like(param)
+    opt = torch.optim.AdamW(params, lr=1e-2, foreach=True)
+    opt.step()
+    torch.neuron.synchronize()
+    with torch.no_grad():
+        torch._foreach_mul_(params, 1.0)
+    assert len(QUEUE._batch) == 1  # held back: a multi-tensor launch over 1 MiB
+    opt.step()
+    assert QUEUE._batch == []
+    torch.neuron.synchronize()
+
+
 def test_a_strict_launch_handed_back_broken_fails_with_what_it_writes_poisoned(monkeypatch):
     """The worker hands each launch of a strict run back with BROKEN when a step raises after
     the run began (executor.cpp: run_strict_interleaved): it fails, what it writes is
