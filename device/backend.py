@@ -53,7 +53,7 @@ from . import api, dynamo  # noqa: E402
 from .core.config import CONFIG  # noqa: E402
 from .core.errors import quantized_refusal, user_facing, users_error  # noqa: E402
 from .core.reasons import Flush  # noqa: E402
-from .hardware.execution_queue import HOST_LOCK, QUEUE, ring_after_optimizer_step  # noqa: E402
+from .hardware.execution_queue import HOST_LOCK, QUEUE  # noqa: E402
 from .hardware.sink import drain, synchronize  # noqa: E402
 from .hardware.trace import start_from_environment  # noqa: E402
 from .memory.indices import MULTI  # noqa: E402
@@ -332,9 +332,6 @@ def register() -> None:
     dynamo.install()
 
     register_backend()
-    from torch.optim.optimizer import register_optimizer_step_post_hook  # (torch imports it after its backends)
-
-    register_optimizer_step_post_hook(ring_after_optimizer_step)
 
     atexit.register(QUEUE.drain)
 

@@ -938,11 +938,12 @@ struct Run {
 // -- strict eager's multi-tensor launches ---------------------------------------------------
 
 // Strict eager launches an optimizer step's multi-tensor ops (`_foreach_mul_`, `_foreach_lerp_`,
-// ...) one launch each. The worker runs consecutive such launches of a batch parameter by
-// parameter (Queue::run_strict_interleaved), as run_interleaved runs them inside an adaptive
-// window, by the same rules (interleave.py); and the host does not ring the doorbell for
-// their bytes, so an optimizer step's launches reach the worker in one batch (record.cpp:
-// submit_item).
+// ...) one launch each. The worker runs consecutive such launches parameter by parameter
+// (Queue::run_strict_interleaved), as run_interleaved runs them inside an adaptive window,
+// by the same rules (interleave.py). Each such launch of a large model fills a batch's
+// bytes and rings alone; a run reaching the end of its batch takes the batches the host
+// has rung since (Queue::take_pending), as a training step's host, far ahead of the
+// worker, has rung the whole optimizer step by then.
 
 // The multi-tensor ops a run may hold (each of aten::_foreach_<name>, in place or not):
 // elementwise, and on the CPU each is the per-tensor op applied tensor by tensor. Python's
@@ -1048,28 +1049,6 @@ constexpr const char* kLaunchCapsule = "neuron.launch";
 void delete_launch_capsule(PyObject* capsule) {
   delete static_cast<std::shared_ptr<Launch>*>(PyCapsule_GetPointer(capsule, kLaunchCapsule));
 }
-
-}  // namespace
-
-// Whether a queue item is a launch that may join such a run (submit_item: it does not ring
-// for its bytes).
-bool joins_strict_run(PyObject* item) {
-  if (PyCapsule_CheckExact(item)) {  // the C recorder's
-    auto* launch = static_cast<std::shared_ptr<Launch>*>(PyCapsule_GetPointer(item, kLaunchCapsule));
-    if (launch == nullptr) {
-      PyErr_Clear();
-      return false;
-    }
-    return strict_parameters(**launch) > 0;
-  }
-  py::handle handle(item);
-  if (!py::isinstance<Launch>(handle)) {  // a Python item
-    return false;
-  }
-  return strict_parameters(*handle.cast<std::shared_ptr<Launch>>()) > 0;  // (op_record.native_launch)
-}
-
-namespace {
 
 // One step of a polling loop: tells the core it is spinning.
 inline void pause() {
@@ -1290,6 +1269,20 @@ struct Queue : std::enable_shared_from_this<Queue> {
   // parameters. Each launch is still its own kernel (accounted, completed and released as
   // one); only the order of their per-parameter kernels on the CPU changes, so the results
   // are PyTorch's order's bit for bit, with each parameter's state in cache across the ops.
+
+  // The next batch the host has rung, appended to `batch` (a run of strict multi-tensor
+  // launches reached its end); false when there is none yet.
+  bool take_pending(std::vector<Item>& batch, int64_t& taken) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (batches.empty()) {
+      return false;
+    }
+    std::vector<Item>& next = batches.front();
+    batch.insert(batch.end(), std::make_move_iterator(next.begin()), std::make_move_iterator(next.end()));
+    batches.pop_front();
+    ++taken;
+    return true;
+  }
 
   // Where the run that may start at batch[begin] ends (begin + 1 when there is none).
   size_t strict_run_end(const std::vector<Item>& batch, size_t begin) const {
@@ -1578,6 +1571,9 @@ struct Queue : std::enable_shared_from_this<Queue> {
         size_t end = i + 1;
         if (batch[i].native) {
           end = q.strict_run_end(batch, i);
+          while (end == batch.size() && strict_parameters(*batch[i].native) > 0 && q.take_pending(batch, taken)) {
+            end = q.strict_run_end(batch, i);
+          }
           if (end - i < 2 || !q.run_strict_interleaved(batch, i, end)) {
             end = i + 1;
             q.run_native(*batch[i].native);

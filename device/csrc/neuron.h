@@ -97,11 +97,6 @@ void release_host_reservation();  // the reserved blocks not used, back to the c
 void release_host_pool();   // free the cached blocks (torch.neuron.empty_cache)
 py::dict host_pool_stats();  // in use, peak, cached bytes; hits, misses, releases
 
-// -- the queue (executor.cpp) ----------------------------------------------------------------
-// Whether a queue item is a strict launch of a multi-tensor op the worker may run with its
-// neighbours parameter by parameter (the host does not ring the doorbell for its bytes).
-bool joins_strict_run(PyObject* item);
-
 // -- copy-on-write lazy clones (cow.cpp) ----------------------------------------------------
 // A storage sharing its bytes copy-on-write gives up its share (copying them on the device
 // unless it held the last share); any other storage is left as it is.

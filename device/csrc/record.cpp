@@ -313,9 +313,6 @@ PyObject* submit_item(PyObject* queue, PyObject* item, PyObject* stream, PyObjec
     Ref batch_bytes(PyObject_GetAttr(queue, n.batch_bytes));
     Ref bytes_limit(batch_bytes ? PyObject_GetAttr(queue, n.batch_bytes_limit) : nullptr);
     full = bytes_limit ? PyObject_RichCompareBool(batch_bytes.get(), bytes_limit.get(), Py_GE) : -1;
-    if (full > 0 && joins_strict_run(item)) {
-      full = 0;  // an optimizer step's launches reach the worker together (executor.cpp)
-    }
   }
   if (full < 0) {
     return nullptr;

@@ -143,10 +143,7 @@ class ExecutionQueue:
     # -- host side -------------------------------------------------------------------
     def submit(self, item, stream_id: int = 0, nbytes: int = 0, ops: int = 1) -> int:
         """Put ``item`` on the queue. Items reach the worker in batches (see ``ring``): the
-        batch rings when it holds ``batch_items`` launches or ``batch_bytes`` of traffic, but
-        not for the bytes of a strict launch of a multi-tensor op (an optimizer step's: they
-        reach the worker together, which runs them parameter by parameter, ``interleave.py``;
-        :func:`ring_after_optimizer_step` rings when the step returns).
+        batch rings when it holds ``batch_items`` launches or ``batch_bytes`` of traffic.
         In C (``_C.submit``, ``device/csrc/record.cpp``), which the C recorder calls too."""
         return _native.submit(self, item, stream_id, nbytes, ops)
 
@@ -482,16 +479,6 @@ class ExecutionQueue:
 
 
 QUEUE = ExecutionQueue()
-
-
-def ring_after_optimizer_step(optimizer, args, kwargs) -> None:
-    """A global ``Optimizer.step`` post-hook (``backend.register``): the doorbell rings when
-    a step returns. The host does not ring for the bytes of a strict launch of a
-    multi-tensor op (``ExecutionQueue.submit``), so an optimizer step's launches would wait
-    in the batch for the next op or sync point, the device idle while the host prepares
-    the next step (a data loader's work). Nothing to do while Dynamo traces the step."""
-    if QUEUE._batch and not torch.compiler.is_compiling():
-        QUEUE.ring()
 
 if hasattr(os, "register_at_fork"):
     # A forked child has no worker thread: give it a fresh, empty queue of its own.

@@ -10,10 +10,11 @@ across the ops. This module says which runs qualify (:func:`interleaved_runs`);
 ``fused_kernel.py`` builds them (``_add_interleaved``) and fails a run the worker hands back
 broken (``FusedKernel.resume``).
 
-Strict eager launches each of those ops alone; the worker runs consecutive such launches of
-one batch parameter by parameter too, by the same rules, checked in C
-(``executor.cpp: run_strict_interleaved``): each stays its own kernel, accounted and
-completed as one, and only the order of its per-parameter CPU kernels changes.
+Strict eager launches each of those ops alone; the worker runs consecutive such launches
+parameter by parameter too, by the same rules, checked in C (``executor.cpp:
+run_strict_interleaved``, taking the batches rung after a run's own, ``take_pending``):
+each stays its own kernel, accounted and completed as one, and only the order of its
+per-parameter CPU kernels changes.
 """
 from __future__ import annotations
 

@@ -70,38 +70,30 @@ def test_bfloat16_parameters_interleave_too(mode):
     adaptive_eager.disable()
 
 
-def test_strict_multi_tensor_launches_reach_the_worker_in_one_batch():
-    """The host rings the doorbell when a batch holds 1 MiB of traffic, but not for a strict
-    launch of a multi-tensor op: an optimizer step's launches reach the worker together
-    (record.cpp: submit_item). Any other launch still rings for its bytes."""
+def test_a_strict_run_takes_the_batches_rung_after_its_own(strict_mode):
+    """A multi-tensor launch over 1 MiB of traffic rings the doorbell alone; a run reaching
+    the end of its batch takes the batches the host has rung since (executor.cpp:
+    take_pending), as the worker of a training step finds the whole optimizer step rung."""
+    import threading
+
+    from conftest import _Hold
+
     params = [torch.randn(1 << 17, device="neuron") for _ in range(2)]  # 512 KiB each
+    expected = [p.cpu() for p in params]
     torch.neuron.synchronize()
-    torch._foreach_mul_(params, 0.5)
-    torch._foreach_add_(params, 1.0)
-    torch._foreach_mul_(params, 2.0)
-    assert len(QUEUE._batch) == 3  # 2 MiB read and written each: none rang
-    params[0].mul_(2.0)
-    assert QUEUE._batch == []  # a single tensor's op rings for the batch's bytes
-    torch.neuron.synchronize()
-
-
-def test_an_optimizer_step_rings_the_doorbell_when_it_returns(strict_mode):
-    """What the host does between two steps (a data loader's work) overlaps the step's
-    launches on the worker: a global optimizer step hook rings when ``step`` returns
-    (execution_queue.ring_after_optimizer_step), though its multi-tensor launches did not
-    ring for their bytes."""
-    params = [torch.nn.Parameter(torch.randn(1 << 17, device="neuron")) for _ in range(2)]  # 512 KiB
-    for param in params:
-        param.grad = torch.randn_like(param)
-    opt = torch.optim.AdamW(params, lr=1e-2, foreach=True)
-    opt.step()
-    torch.neuron.synchronize()
-    with torch.no_grad():
-        torch._foreach_mul_(params, 1.0)
-    assert len(QUEUE._batch) == 1  # held back: a multi-tensor launch over 1 MiB
-    opt.step()
-    assert QUEUE._batch == []
-    torch.neuron.synchronize()
+    before = _interleaved()
+    gate = threading.Event()
+    QUEUE.submit(_Hold(gate))  # the worker waits until the three launches are rung
+    QUEUE.ring()
+    try:
+        for op, value in ((torch._foreach_mul_, 0.5), (torch._foreach_add_, 1.0), (torch._foreach_mul_, 2.0)):
+            op(params, value)
+            assert QUEUE._batch == []  # rung alone: 2 MiB read and written
+            op(expected, value)
+    finally:
+        gate.set()
+    assert _interleaved() - before == 1
+    assert all(torch.equal(p.cpu(), e) for p, e in zip(params, expected))
 
 
 def test_a_strict_launch_handed_back_broken_fails_with_what_it_writes_poisoned(monkeypatch):
