@@ -1262,13 +1262,10 @@ struct Queue : std::enable_shared_from_this<Queue> {
     return Interleaved::Ran;
   }
 
-  // Strict eager's multi-tensor launches (an optimizer step: `_foreach_mul_`, `_foreach_lerp_`,
-  // ... one launch each), parameter by parameter, as run_interleaved runs them inside an
-  // adaptive window, by the same rules (interleave.py): consecutive launches in one batch,
-  // each one step of an interleavable op over as many parameters, no tensor written at two
-  // parameters. Each launch is still its own kernel (accounted, completed and released as
-  // one); only the order of their per-parameter kernels on the CPU changes, so the results
-  // are PyTorch's order's bit for bit, with each parameter's state in cache across the ops.
+  // Strict eager's multi-tensor launches parameter by parameter (see strict_parameters).
+  // Each launch is still its own kernel (accounted, completed and released as one); only the
+  // order of their per-parameter kernels on the CPU changes, so the results are PyTorch's
+  // order's bit for bit, with each parameter's state in cache across the ops.
 
   // The next batch the host has rung, appended to `batch` (a run of strict multi-tensor
   // launches reached its end); false when there is none yet.
@@ -1284,17 +1281,23 @@ struct Queue : std::enable_shared_from_this<Queue> {
     return true;
   }
 
-  // Where the run that may start at batch[begin] ends (begin + 1 when there is none).
-  size_t strict_run_end(const std::vector<Item>& batch, size_t begin) const {
-    int64_t count = strict_parameters(*batch[begin].native);
+  // Where the run that may start at batch[begin] ends (begin + 1 when there is none), and
+  // its parameter count (`count`); a run reaching the end of `batch` takes the batches rung
+  // since (take_pending) and goes on through them.
+  size_t strict_run_end(std::vector<Item>& batch, size_t begin, int64_t& taken, int64_t& count) {
+    count = strict_parameters(*batch[begin].native);
     size_t end = begin + 1;
     if (count == 0) {
       return end;
     }
-    while (end < batch.size() && batch[end].native && strict_parameters(*batch[end].native) == count) {
-      ++end;
+    while (true) {
+      while (end < batch.size() && batch[end].native && strict_parameters(*batch[end].native) == count) {
+        ++end;
+      }
+      if (end < batch.size() || !take_pending(batch, taken)) {
+        return end;
+      }
     }
-    return end;
   }
 
   // A launch's step at one parameter: each list argument's element there, as a list of one.
@@ -1326,8 +1329,8 @@ struct Queue : std::enable_shared_from_this<Queue> {
 
   // Whether batch[begin:end] may run parameter by parameter; if so, the sizes of the blocks
   // its results take and each launch's step at each parameter.
-  bool plan_strict_run(const std::vector<Item>& batch, size_t begin, size_t end, std::vector<size_t>& sizes,
-                       std::vector<std::vector<Step>>& steps) const {
+  bool plan_strict_run(const std::vector<Item>& batch, size_t begin, size_t end, size_t count,
+                       std::vector<size_t>& sizes, std::vector<std::vector<Step>>& steps) const {
     std::unordered_map<const Cell*, int64_t> at;  // cell -> its parameter (-1: at two)
     std::set<const Cell*> written;
     for (size_t k = begin; k < end; ++k) {
@@ -1369,7 +1372,6 @@ struct Queue : std::enable_shared_from_this<Queue> {
         return false;
       }
     }
-    auto count = static_cast<size_t>(strict_parameters(*batch[begin].native));
     for (size_t k = begin; k < end; ++k) {
       for (size_t index = 0; index < count; ++index) {
         steps[k - begin].push_back(at_parameter(batch[k].native->program->steps[0], index));
@@ -1382,12 +1384,12 @@ struct Queue : std::enable_shared_from_this<Queue> {
   // began: every launch of it handed to Python as broken, interleave.py BROKEN), false
   // (nothing run) when a launch is anomalous, a tensor is written at two parameters or
   // the run's memory cannot be reserved: the launches then run one by one.
-  bool run_strict_interleaved(std::vector<Item>& batch, size_t begin, size_t end) {
+  bool run_strict_interleaved(std::vector<Item>& batch, size_t begin, size_t end, size_t count) {
     std::vector<size_t> sizes;
     std::vector<std::vector<Step>> steps(end - begin);  // [launch][parameter]
     std::vector<Run> runs;
     try {
-      if (!plan_strict_run(batch, begin, end, sizes, steps)) {
+      if (!plan_strict_run(batch, begin, end, count, sizes, steps)) {
         return false;
       }
       runs.reserve(end - begin);
@@ -1406,7 +1408,7 @@ struct Queue : std::enable_shared_from_this<Queue> {
     auto began = std::chrono::steady_clock::now();
     try {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
-      for (size_t index = 0; index < steps[0].size(); ++index) {
+      for (size_t index = 0; index < count; ++index) {
         for (size_t k = 0; k < runs.size(); ++k) {
           runs[k].step(steps[k][index]);
         }
@@ -1570,11 +1572,9 @@ struct Queue : std::enable_shared_from_this<Queue> {
         }
         size_t end = i + 1;
         if (batch[i].native) {
-          end = q.strict_run_end(batch, i);
-          while (end == batch.size() && strict_parameters(*batch[i].native) > 0 && q.take_pending(batch, taken)) {
-            end = q.strict_run_end(batch, i);
-          }
-          if (end - i < 2 || !q.run_strict_interleaved(batch, i, end)) {
+          int64_t count = 0;
+          end = q.strict_run_end(batch, i, taken, count);
+          if (end - i < 2 || !q.run_strict_interleaved(batch, i, end, static_cast<size_t>(count))) {
             end = i + 1;
             q.run_native(*batch[i].native);
           }
